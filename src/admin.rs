@@ -1,0 +1,335 @@
+//! The admin plane: `/metrics`, `/healthz`, `/readyz`, `/admin/filters` and the mutating
+//! calls (rebuild, add keys, invalidate cache entries) behind a bearer token. It observes
+//! and steers the pipeline; it never answers data-plane traffic.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use prometheus::{Encoder, Registry, TextEncoder};
+use serde_json::{Value, json};
+
+use crate::gate::Gate;
+use crate::key::normalize;
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::server::Handler;
+
+/// Largest admin request body (key uploads).
+const MAX_ADMIN_BODY: usize = 64 * 1024 * 1024;
+
+/// What the admin plane needs to see and steer.
+pub struct Admin {
+    /// Filters by name.
+    pub gates: BTreeMap<String, Arc<Gate>>,
+    /// The data-plane handler (for cache invalidation and cache sizes).
+    pub proxy: Arc<Proxy>,
+    /// Where metrics are registered.
+    pub registry: Registry,
+    /// Metric handles, for gauges refreshed at scrape time.
+    pub metrics: Metrics,
+    /// Bearer token for mutating calls; `None` refuses them all.
+    pub token: Option<String>,
+}
+
+impl Handler for Admin {
+    type Body = Full<Bytes>;
+
+    async fn call(&self, req: Request<Incoming>, _peer: SocketAddr) -> Response<Full<Bytes>> {
+        let path = req.uri().path().to_owned();
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match (req.method(), segments.as_slice()) {
+            (&Method::GET, ["metrics"]) => self.metrics_text().await,
+            (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
+            (&Method::GET, ["readyz"]) => self.readyz(),
+            (&Method::GET, ["admin", "filters"]) => {
+                json_response(StatusCode::OK, &self.filters_json())
+            }
+            (&Method::POST, ["admin", "filters", name, action]) => {
+                if let Err(refusal) = self.authorize(&req) {
+                    return refusal.into_response();
+                }
+                let Some(gate) = self.gates.get(*name).cloned() else {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        "no_such_filter",
+                        "no filter by that name",
+                    );
+                };
+                match *action {
+                    "rebuild" => {
+                        gate.request_rebuild();
+                        json_response(
+                            StatusCode::ACCEPTED,
+                            &json!({"filter": gate.name(), "rebuild": "requested"}),
+                        )
+                    }
+                    "keys" => self.add_keys(&gate, req).await,
+                    _ => error(StatusCode::NOT_FOUND, "not_found", "unknown admin path"),
+                }
+            }
+            (&Method::POST, ["admin", "cache", "invalidate"]) => {
+                if let Err(refusal) = self.authorize(&req) {
+                    return refusal.into_response();
+                }
+                self.invalidate(req).await
+            }
+            (_, ["metrics" | "healthz" | "readyz"] | ["admin", ..]) => error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this path",
+            ),
+            _ => error(StatusCode::NOT_FOUND, "not_found", "unknown admin path"),
+        }
+    }
+}
+
+impl Admin {
+    async fn metrics_text(&self) -> Response<Full<Bytes>> {
+        for gate in self.gates.values() {
+            gate.publish_metrics();
+        }
+        let cache = self.proxy.cache();
+        cache.sync().await;
+        let (positive, negative) = cache.entry_counts();
+        self.metrics.set_cache_entries(positive, negative);
+        let mut buf = Vec::with_capacity(16 * 1024);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "cannot encode metrics");
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "cannot encode metrics",
+            );
+        }
+        let mut resp = Response::new(Full::new(Bytes::from(buf)));
+        resp.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        resp
+    }
+
+    fn readyz(&self) -> Response<Full<Bytes>> {
+        let waiting: Vec<&str> = self
+            .gates
+            .values()
+            .filter(|g| !g.is_ready())
+            .map(|g| g.name())
+            .collect();
+        if waiting.is_empty() {
+            json_response(StatusCode::OK, &json!({"ready": true}))
+        } else {
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"ready": false, "loading": waiting}),
+            )
+        }
+    }
+
+    fn filters_json(&self) -> Value {
+        let filters: Vec<Value> = self
+            .gates
+            .values()
+            .map(|g| {
+                let cfg = g.config();
+                let stats = g.stats();
+                json!({
+                    "name": g.name(),
+                    "ready": g.is_ready(),
+                    "target_false_positive_rate": cfg.false_positive_rate,
+                    "capacity": cfg.expected_items,
+                    "items": stats.map(|s| s.items),
+                    "bits": stats.map(|s| s.bits),
+                    "bytes": stats.map(|s| s.bytes),
+                    "hashes": stats.map(|s| s.hashes),
+                    "fill_ratio": stats.map(|s| s.fill_ratio),
+                    "estimated_false_positive_rate": stats.map(|s| s.estimated_fpp),
+                    "last_load": g.load_status(),
+                })
+            })
+            .collect();
+        json!({ "filters": filters })
+    }
+
+    fn authorize(&self, req: &Request<Incoming>) -> Result<(), Refusal> {
+        let Some(token) = &self.token else {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "admin_disabled",
+                "mutating admin calls are disabled: set admin.token",
+            ));
+        };
+        let presented = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match presented {
+            Some(p) if constant_time_eq(p.trim().as_bytes(), token.as_bytes()) => Ok(()),
+            _ => Err(Refusal::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required",
+            )),
+        }
+    }
+
+    async fn add_keys(&self, gate: &Gate, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let raw = match read_keys(req).await {
+            Ok(keys) => keys,
+            Err(refusal) => return refusal.into_response(),
+        };
+        let mut added = 0u64;
+        let mut invalid = Vec::new();
+        let rule = gate.normalize_rule().clone();
+        for raw_key in &raw {
+            match normalize(&rule, Cow::Borrowed(raw_key.as_str())) {
+                Ok(key) => {
+                    gate.add_key(&key);
+                    self.proxy
+                        .invalidate(Some(gate.name()), &key.to_owned_key())
+                        .await;
+                    added += 1;
+                }
+                Err(e) => invalid.push(json!({"key": raw_key, "error": e.code()})),
+            }
+        }
+        tracing::info!(
+            filter = gate.name(),
+            added,
+            invalid = invalid.len(),
+            "keys added through the admin API"
+        );
+        json_response(
+            StatusCode::OK,
+            &json!({"filter": gate.name(), "added": added, "invalid": invalid}),
+        )
+    }
+
+    async fn invalidate(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let raw = match read_keys(req).await {
+            Ok(keys) => keys,
+            Err(refusal) => return refusal.into_response(),
+        };
+        let mut dropped = 0u64;
+        for raw_key in &raw {
+            for gate in self.gates.values() {
+                if let Ok(key) = normalize(gate.normalize_rule(), Cow::Borrowed(raw_key.as_str())) {
+                    self.proxy
+                        .invalidate(Some(gate.name()), &key.to_owned_key())
+                        .await;
+                    dropped += 1;
+                }
+            }
+        }
+        json_response(StatusCode::OK, &json!({"invalidated": dropped}))
+    }
+}
+
+/// Reads keys from a JSON array (`["1","2"]` or `[1,2]`) or one key per line.
+async fn read_keys(req: Request<Incoming>) -> Result<Vec<String>, Refusal> {
+    let body = Limited::new(req.into_body(), MAX_ADMIN_BODY)
+        .collect()
+        .await
+        .map_err(|_| {
+            Refusal::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "body too large or unreadable",
+            )
+        })?
+        .to_bytes();
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| Refusal::new(StatusCode::BAD_REQUEST, "bad_body", "body is not UTF-8"))?;
+    if text.trim_start().starts_with('[') {
+        let values: Vec<Value> = serde_json::from_str(text).map_err(|e| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "bad_json",
+                format!("invalid JSON array: {e}"),
+            )
+        })?;
+        values
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                Value::Number(n) => Ok(n.to_string()),
+                _ => Err(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_key",
+                    "keys must be strings or numbers",
+                )),
+            })
+            .collect()
+    } else {
+        Ok(text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
+    json_response(status, &json!({"error": code, "message": message}))
+}
+
+/// A refused admin call: status, stable code and message.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn into_response(self) -> Response<Full<Bytes>> {
+        let mut resp = error(self.status, self.code, &self.message);
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}

@@ -1,0 +1,282 @@
+//! Wiring: builds every stage from a validated [`Config`], binds the data and admin
+//! listeners (port 0 works, and the bound addresses are exposed), and runs until a
+//! shutdown future resolves. It contains no request logic.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::StatusCode;
+use hyper::body::Incoming;
+use prometheus::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::admin::Admin;
+use crate::cache::ResponseCache;
+use crate::config::{Config, OriginConfig};
+use crate::db::{Db, PoolSettings};
+use crate::gate::Gate;
+use crate::metrics::Metrics;
+use crate::origin::Origin;
+use crate::proxy::route::PathPattern;
+use crate::proxy::{GuardedRoute, Proxy, ProxyBody};
+use crate::server::{self, Handler, ServeOptions};
+use crate::upstream::Upstream;
+
+/// Why the application could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The database pool could not be configured (bad URL).
+    #[error(transparent)]
+    Db(#[from] crate::db::DbError),
+    /// The upstream client could not be configured.
+    #[error(transparent)]
+    Upstream(#[from] crate::upstream::UpstreamError),
+    /// Metric registration failed (a name clash: a bug).
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// A route failed to compile (config validation normally prevents this).
+    #[error("route {route}: {reason}")]
+    Route {
+        /// The route label.
+        route: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A built, bound, not yet running bloomgate.
+pub struct App {
+    config: Config,
+    data: TcpListener,
+    admin: TcpListener,
+    proxy: Arc<Proxy>,
+    admin_handler: Arc<Admin>,
+    gates: Vec<Arc<Gate>>,
+    db: Option<Db>,
+}
+
+struct DataPlane(Arc<Proxy>);
+
+impl Handler for DataPlane {
+    type Body = ProxyBody;
+
+    async fn call(
+        &self,
+        req: http::Request<Incoming>,
+        peer: SocketAddr,
+    ) -> http::Response<ProxyBody> {
+        self.0.handle(req, peer).await
+    }
+}
+
+impl App {
+    /// Builds every stage and binds both listeners. Nothing is served and no database
+    /// connection is opened until [`App::run`].
+    pub async fn bind(config: Config) -> Result<App, AppError> {
+        Self::bind_with_registry(config, Registry::new()).await
+    }
+
+    /// As [`App::bind`], registering metrics on `registry`.
+    pub async fn bind_with_registry(config: Config, registry: Registry) -> Result<App, AppError> {
+        let metrics = Metrics::new(&registry)?;
+        let db = match &config.database {
+            Some(d) => Some(Db::connect_lazy(
+                &d.url,
+                &PoolSettings {
+                    max_connections: d.max_connections,
+                    min_connections: d.min_connections,
+                    acquire_timeout: d.acquire_timeout,
+                    idle_timeout: Some(std::time::Duration::from_secs(300)),
+                },
+            )?),
+            None => None,
+        };
+        let upstream = match &config.upstream {
+            Some(u) => Some(Arc::new(Upstream::new(u)?)),
+            None => None,
+        };
+        let gates: BTreeMap<String, Arc<Gate>> = config
+            .filters
+            .iter()
+            .map(|(name, f)| {
+                let gate = Gate::new(name, f.clone(), metrics.filter(name));
+                (name.clone(), Arc::new(gate))
+            })
+            .collect();
+
+        let mut routes = Vec::with_capacity(config.routes.len());
+        for (i, r) in config.routes.iter().enumerate() {
+            let label = r.label().to_owned();
+            let fail = |reason: String| AppError::Route {
+                route: label.clone(),
+                reason,
+            };
+            let pattern = PathPattern::parse(&r.path, &r.key).map_err(&fail)?;
+            let gate = gates
+                .get(&r.filter)
+                .cloned()
+                .ok_or_else(|| fail(format!("no filter `{}`", r.filter)))?;
+            let ttl = r.ttl.unwrap_or(config.cache.ttl);
+            let origin = match &r.origin {
+                OriginConfig::Sql { query, timeout } => Origin::Sql {
+                    db: db
+                        .clone()
+                        .ok_or_else(|| fail("sql origin without [database]".into()))?,
+                    query: Arc::from(query.as_str()),
+                    timeout: *timeout,
+                    ttl,
+                },
+                OriginConfig::Upstream { not_found_statuses } => Origin::Upstream {
+                    upstream: upstream
+                        .clone()
+                        .ok_or_else(|| fail("upstream origin without [upstream]".into()))?,
+                    not_found: not_found_statuses
+                        .iter()
+                        .filter_map(|s| StatusCode::from_u16(*s).ok())
+                        .collect(),
+                    ttl,
+                },
+            };
+            routes.push(GuardedRoute {
+                id: u16::try_from(i).map_err(|_| fail("too many routes".into()))?,
+                label: Arc::from(label.as_str()),
+                pattern,
+                normalize: config.route_normalize(r),
+                gate,
+                origin,
+                negative_ttl: r.negative_ttl.unwrap_or(config.cache.negative_ttl),
+                metrics: metrics.route(&label),
+            });
+        }
+
+        let proxy = Arc::new(Proxy::new(
+            routes,
+            ResponseCache::new(&config.cache),
+            upstream,
+            config.server.max_body_bytes,
+            metrics.passthrough(),
+        ));
+        let admin_handler = Arc::new(Admin {
+            gates: gates.clone(),
+            proxy: Arc::clone(&proxy),
+            registry,
+            metrics,
+            token: config.admin.token.clone(),
+        });
+        let data = bind(config.server.listen).await?;
+        let admin = bind(config.admin.listen).await?;
+        Ok(App {
+            config,
+            data,
+            admin,
+            proxy,
+            admin_handler,
+            gates: gates.into_values().collect(),
+            db,
+        })
+    }
+
+    /// The bound data-plane address (useful with port 0).
+    pub fn data_addr(&self) -> SocketAddr {
+        self.data.local_addr().unwrap_or(self.config.server.listen)
+    }
+
+    /// The bound admin-plane address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr().unwrap_or(self.config.admin.listen)
+    }
+
+    /// Serves both planes and loads the filters in the background until `shutdown`
+    /// resolves; then stops accepting and drains in-flight requests within the grace period.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let options = ServeOptions {
+            header_read_timeout: self.config.server.header_read_timeout,
+            grace: self.config.server.shutdown_grace,
+        };
+        let mut loaders = Vec::new();
+        if let Some(db) = &self.db {
+            for gate in &self.gates {
+                loaders.push(tokio::spawn(Arc::clone(gate).run_loader(db.clone())));
+            }
+        }
+        tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),
+            routes = self.proxy.routes().len(), filters = self.gates.len(), "bloomgate listening");
+        let data = tokio::spawn(server::serve(
+            self.data,
+            Arc::new(DataPlane(Arc::clone(&self.proxy))),
+            options,
+            stop_rx.clone(),
+            "data",
+        ));
+        let admin = tokio::spawn(server::serve(
+            self.admin,
+            self.admin_handler,
+            options,
+            stop_rx,
+            "admin",
+        ));
+        shutdown.await;
+        tracing::info!("shutting down");
+        // A send error means both servers already stopped; nothing to tell.
+        let _ = stop_tx.send(true);
+        for task in [data, admin] {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "server task failed");
+            }
+        }
+        for l in loaders {
+            l.abort();
+        }
+        if let Some(db) = self.db {
+            db.close().await;
+        }
+        tracing::info!("stopped");
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AppError::Bind { addr, source })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,761 @@
+//! Configuration: the serde structs behind `config.toml`, their defaults, environment
+//! overrides (`BLOOMGATE__SECTION__FIELD`) and `validate()`. It reads and checks; it does
+//! not open sockets or databases.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+
+/// Prefix of the environment variables that override config fields; nested fields are
+/// separated by a double underscore: `BLOOMGATE__SERVER__LISTEN=0.0.0.0:8081`.
+pub const ENV_PREFIX: &str = "BLOOMGATE__";
+
+/// A config that could not be read or does not make sense. Both variants name the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file or an environment variable could not be parsed into the structs
+    /// (unknown field, wrong type, bad duration, …). figment's message names the key path.
+    #[error("{0}")]
+    Parse(String),
+    /// The values parsed but break a rule.
+    #[error("invalid config: `{field}`: {reason}")]
+    Invalid {
+        /// Dotted path of the offending field, e.g. `routes[0].origin.query`.
+        field: String,
+        /// Why it is refused.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The data plane.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// The admin plane: metrics, health, admin API.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// The upstream API: target of pass-through and of `upstream` origins.
+    #[serde(default)]
+    pub upstream: Option<UpstreamConfig>,
+    /// The database that filters load from and `sql` origins query.
+    #[serde(default)]
+    pub database: Option<DatabaseConfig>,
+    /// The response cache.
+    #[serde(default)]
+    pub cache: CacheConfig,
+    /// Bloom filters by name.
+    #[serde(default)]
+    pub filters: BTreeMap<String, FilterConfig>,
+    /// Guarded routes, matched in order.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// Data-plane listener and request limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address of the data plane.
+    pub listen: SocketAddr,
+    /// A client has this long to send the request head; then the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Request bodies larger than this are refused with 413.
+    pub max_body_bytes: u64,
+    /// On SIGINT/SIGTERM, in-flight requests get this long to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            header_read_timeout: Duration::from_secs(10),
+            max_body_bytes: 1024 * 1024,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Admin-plane listener and credentials.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address of the admin plane; keep it on loopback or a private network.
+    pub listen: SocketAddr,
+    /// Bearer token for mutating admin calls. When unset, those calls are refused.
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token: None,
+        }
+    }
+}
+
+/// The upstream HTTP API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Base URL, `http://host:port` (plain HTTP; TLS is terminated elsewhere).
+    pub url: String,
+    /// Time allowed for an upstream response head; past it the client gets 504.
+    #[serde(default = "default_upstream_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Idle keep-alive connections are closed after this long.
+    #[serde(default = "default_pool_idle", with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// Most idle keep-alive connections kept open to the upstream.
+    #[serde(default = "default_pool_max_idle")]
+    pub pool_max_idle: usize,
+}
+
+fn default_upstream_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_pool_idle() -> Duration {
+    Duration::from_secs(90)
+}
+fn default_pool_max_idle() -> usize {
+    256
+}
+
+/// Connection pool settings for the database.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `mysql://user:pass@host:3306/db`, `mariadb://…` or `sqlite://path/to.db`.
+    pub url: String,
+    /// Upper bound of pooled connections.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Connections kept open when idle.
+    #[serde(default)]
+    pub min_connections: u32,
+    /// How long a lookup waits for a free connection before answering 503.
+    #[serde(default = "default_acquire_timeout", with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+}
+
+fn default_max_connections() -> u32 {
+    16
+}
+fn default_acquire_timeout() -> Duration {
+    Duration::from_millis(500)
+}
+
+/// Bounds and lifetimes of cached responses.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Most positive entries (found keys).
+    pub max_entries: u64,
+    /// Lifetime of a positive entry.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Most negative entries (the gate's false positives); a separate bound, so a flood
+    /// of absent keys cannot push found keys out.
+    pub negative_max_entries: u64,
+    /// Lifetime of a negative entry: short, so a key created later is not hidden long.
+    #[serde(with = "humantime_serde")]
+    pub negative_ttl: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            max_entries: 100_000,
+            ttl: Duration::from_secs(300),
+            negative_max_entries: 100_000,
+            negative_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One Bloom filter and where its keys come from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterConfig {
+    /// Query whose first column lists every key that exists, e.g. `SELECT sku_id FROM products`.
+    pub source_query: String,
+    /// Number of keys the filter is sized for.
+    pub expected_items: u64,
+    /// Target false-positive rate at `expected_items`, in (0, 1).
+    #[serde(default = "default_fpp")]
+    pub false_positive_rate: f64,
+    /// How keys are normalised, for the loader and every route gated by this filter.
+    #[serde(default)]
+    pub normalize: Normalize,
+    /// First wait before retrying a failed load; doubles up to `load_retry_max`.
+    #[serde(default = "default_retry_initial", with = "humantime_serde")]
+    pub load_retry_initial: Duration,
+    /// Longest wait between load attempts.
+    #[serde(default = "default_retry_max", with = "humantime_serde")]
+    pub load_retry_max: Duration,
+}
+
+fn default_fpp() -> f64 {
+    0.01
+}
+fn default_retry_initial() -> Duration {
+    Duration::from_millis(500)
+}
+fn default_retry_max() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// How a raw key becomes the canonical bytes that the filter and cache see.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Normalize {
+    /// An unsigned 64-bit integer in canonical decimal form (`007` and `+7` become `7`).
+    #[default]
+    Integer,
+    /// Text: trimmed, optionally lowercased, at most `max_len` bytes.
+    String {
+        /// Fold ASCII and Unicode letters to lower case.
+        #[serde(default)]
+        lowercase: bool,
+        /// Longest accepted key, in bytes after trimming.
+        #[serde(default = "default_max_len")]
+        max_len: usize,
+    },
+}
+
+fn default_max_len() -> usize {
+    128
+}
+
+/// A guarded route.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Name used in metric labels and logs; defaults to the path.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Path pattern: literal segments and at most one `{param}` segment,
+    /// e.g. `/api/products/{id}` or `/api/product/info`.
+    pub path: String,
+    /// Where the key comes from.
+    pub key: KeySource,
+    /// Name of the filter that gates this route.
+    pub filter: String,
+    /// Normalisation; must equal the filter's, which it defaults to.
+    #[serde(default)]
+    pub normalize: Option<Normalize>,
+    /// Where found keys are fetched from.
+    pub origin: OriginConfig,
+    /// Positive TTL for this route, overriding `cache.ttl`.
+    #[serde(default, with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+    /// Negative TTL for this route, overriding `cache.negative_ttl`.
+    #[serde(default, with = "humantime_serde")]
+    pub negative_ttl: Option<Duration>,
+}
+
+impl RouteConfig {
+    /// The label used for this route in metrics and logs.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.path)
+    }
+}
+
+/// Where a route's key is read from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum KeySource {
+    /// A query parameter: `key = { query = "sku_id" }`.
+    Query(String),
+    /// The `{name}` segment of the path: `key = { segment = "id" }`.
+    Segment(String),
+}
+
+/// Where a guarded route fetches what the gate let through.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum OriginConfig {
+    /// A parameterised query with one `?` for the key; the first row is returned as JSON.
+    Sql {
+        /// e.g. `SELECT sku_id, name, price, updated_at FROM products WHERE sku_id = ?`.
+        query: String,
+        /// Longest time a lookup may take (pool wait included) before the client gets 504.
+        #[serde(default = "default_origin_timeout", with = "humantime_serde")]
+        timeout: Duration,
+    },
+    /// The request is forwarded to `[upstream]`.
+    Upstream {
+        /// Upstream statuses that mean "no such key" (false positive), default 404 and 410.
+        #[serde(default = "default_not_found")]
+        not_found_statuses: Vec<u16>,
+    },
+}
+
+fn default_origin_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_not_found() -> Vec<u16> {
+    vec![404, 410]
+}
+
+/// Log output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `human` or `json`.
+    pub format: LogFormat,
+    /// An `EnvFilter` directive, e.g. `info` or `bloomgate=debug,info`; `RUST_LOG` wins.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Human,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Readable lines for a terminal.
+    Human,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+impl Config {
+    /// Parses a TOML string, without environment overrides, and validates it.
+    pub fn from_toml_str(toml: &str) -> Result<Config, ConfigError> {
+        Self::extract(Figment::from(Toml::string(toml)))
+    }
+
+    /// Reads a TOML file, applies `BLOOMGATE__…` environment overrides, validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        if !path.exists() {
+            return Err(ConfigError::Parse(format!(
+                "config file {} does not exist",
+                path.display()
+            )));
+        }
+        let figment = Figment::from(Toml::file_exact(path)).merge(env_overrides());
+        Self::extract(figment)
+    }
+
+    /// Builds a config from a TOML string and the environment overrides.
+    pub fn from_toml_str_with_env(toml: &str) -> Result<Config, ConfigError> {
+        Self::extract(Figment::from(Toml::string(toml)).merge(env_overrides()))
+    }
+
+    fn extract(figment: Figment) -> Result<Config, ConfigError> {
+        let config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Parse(describe_figment_error(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the rules that serde cannot express. Errors name the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.server.max_body_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "server.max_body_bytes",
+                "must be greater than 0",
+            ));
+        }
+        if self.server.header_read_timeout.is_zero() {
+            return Err(ConfigError::invalid(
+                "server.header_read_timeout",
+                "must be greater than 0",
+            ));
+        }
+        if let Some(token) = &self.admin.token
+            && token.trim().len() < 8
+        {
+            return Err(ConfigError::invalid(
+                "admin.token",
+                "must be at least 8 characters (or left unset to disable mutating admin calls)",
+            ));
+        }
+        if let Some(up) = &self.upstream {
+            validate_upstream_url(&up.url)?;
+            if up.timeout.is_zero() {
+                return Err(ConfigError::invalid(
+                    "upstream.timeout",
+                    "must be greater than 0",
+                ));
+            }
+        }
+        if let Some(db) = &self.database {
+            if !(db.url.starts_with("mysql:")
+                || db.url.starts_with("mariadb:")
+                || db.url.starts_with("sqlite:"))
+            {
+                return Err(ConfigError::invalid(
+                    "database.url",
+                    "scheme must be mysql://, mariadb:// or sqlite:",
+                ));
+            }
+            if db.max_connections == 0 {
+                return Err(ConfigError::invalid(
+                    "database.max_connections",
+                    "must be greater than 0",
+                ));
+            }
+            if db.min_connections > db.max_connections {
+                return Err(ConfigError::invalid(
+                    "database.min_connections",
+                    "must not exceed database.max_connections",
+                ));
+            }
+            if db.acquire_timeout.is_zero() {
+                return Err(ConfigError::invalid(
+                    "database.acquire_timeout",
+                    "must be greater than 0",
+                ));
+            }
+        }
+        let c = &self.cache;
+        for (field, v) in [
+            ("cache.max_entries", c.max_entries),
+            ("cache.negative_max_entries", c.negative_max_entries),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(field, "must be greater than 0"));
+            }
+        }
+        for (name, f) in &self.filters {
+            let at = |field: &str| format!("filters.{name}.{field}");
+            if !is_identifier(name) {
+                return Err(ConfigError::invalid(
+                    format!("filters.{name}"),
+                    "filter names use letters, digits, '_' and '-' only",
+                ));
+            }
+            if f.source_query.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    at("source_query"),
+                    "must not be empty",
+                ));
+            }
+            if self.database.is_none() {
+                return Err(ConfigError::invalid(
+                    "database",
+                    format!("filter `{name}` loads from the database, but [database] is missing"),
+                ));
+            }
+            crate::filter::BloomParams::optimal(f.expected_items, f.false_positive_rate).map_err(
+                |e| {
+                    let field = if f.expected_items == 0 {
+                        "expected_items"
+                    } else {
+                        "false_positive_rate"
+                    };
+                    ConfigError::invalid(at(field), e.to_string())
+                },
+            )?;
+            validate_normalize(&f.normalize, &at("normalize"))?;
+            if f.load_retry_initial.is_zero() || f.load_retry_max < f.load_retry_initial {
+                return Err(ConfigError::invalid(
+                    at("load_retry_max"),
+                    "retry delays must be > 0 and load_retry_max >= load_retry_initial",
+                ));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            let at = |field: &str| format!("routes[{i}].{field}");
+            crate::proxy::route::PathPattern::parse(&r.path, &r.key)
+                .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
+            if !names.insert(r.label().to_owned()) {
+                return Err(ConfigError::invalid(
+                    at("name"),
+                    format!("route name `{}` is used twice", r.label()),
+                ));
+            }
+            let Some(filter) = self.filters.get(&r.filter) else {
+                return Err(ConfigError::invalid(
+                    at("filter"),
+                    format!("no filter named `{}` in [filters]", r.filter),
+                ));
+            };
+            if let Some(n) = &r.normalize
+                && n != &filter.normalize
+            {
+                return Err(ConfigError::invalid(
+                    at("normalize"),
+                    format!(
+                        "must match filters.{}.normalize, or the loader and the route would disagree on keys",
+                        r.filter
+                    ),
+                ));
+            }
+            match &r.origin {
+                OriginConfig::Sql { query, timeout } => {
+                    if self.database.is_none() {
+                        return Err(ConfigError::invalid(
+                            "database",
+                            "a route has an sql origin, but [database] is missing",
+                        ));
+                    }
+                    let marks = query.matches('?').count();
+                    if query.trim().is_empty() {
+                        return Err(ConfigError::invalid(
+                            at("origin.query"),
+                            "must not be empty",
+                        ));
+                    }
+                    if marks != 1 {
+                        return Err(ConfigError::invalid(
+                            at("origin.query"),
+                            format!("needs exactly one `?` placeholder for the key, found {marks}"),
+                        ));
+                    }
+                    if timeout.is_zero() {
+                        return Err(ConfigError::invalid(
+                            at("origin.timeout"),
+                            "must be greater than 0",
+                        ));
+                    }
+                }
+                OriginConfig::Upstream { not_found_statuses } => {
+                    if self.upstream.is_none() {
+                        return Err(ConfigError::invalid(
+                            "upstream",
+                            "a route has an upstream origin, but [upstream] is missing",
+                        ));
+                    }
+                    if let Some(bad) = not_found_statuses
+                        .iter()
+                        .find(|s| !(100..=599).contains(*s))
+                    {
+                        return Err(ConfigError::invalid(
+                            at("origin.not_found_statuses"),
+                            format!("{bad} is not an HTTP status"),
+                        ));
+                    }
+                }
+            }
+            for (field, ttl) in [("ttl", r.ttl), ("negative_ttl", r.negative_ttl)] {
+                if ttl.is_some_and(|t| t.is_zero()) {
+                    return Err(ConfigError::invalid(at(field), "must be greater than 0"));
+                }
+            }
+        }
+        if self.cache.ttl.is_zero() || self.cache.negative_ttl.is_zero() {
+            return Err(ConfigError::invalid(
+                "cache.negative_ttl",
+                "cache.ttl and cache.negative_ttl must be greater than 0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The normaliser in force for route `i` (its own, or its filter's).
+    pub fn route_normalize(&self, route: &RouteConfig) -> Normalize {
+        route.normalize.clone().unwrap_or_else(|| {
+            self.filters
+                .get(&route.filter)
+                .map(|f| f.normalize.clone())
+                .unwrap_or_default()
+        })
+    }
+}
+
+fn env_overrides() -> Env {
+    Env::prefixed(ENV_PREFIX).split("__")
+}
+
+fn describe_figment_error(e: figment::Error) -> String {
+    // figment keeps one error per problem; report them all, each with its key path.
+    e.into_iter()
+        .map(|one| {
+            let path = one.path.join(".");
+            let source = one
+                .metadata
+                .as_ref()
+                .map(|m| m.name.to_string())
+                .unwrap_or_default();
+            if path.is_empty() {
+                format!("invalid config: {} ({source})", one.kind)
+            } else {
+                format!("invalid config: `{path}`: {} ({source})", one.kind)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn validate_upstream_url(url: &str) -> Result<(), ConfigError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| ConfigError::invalid("upstream.url", format!("not a URL: {e}")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(ConfigError::invalid(
+            "upstream.url",
+            "must start with http:// (terminate TLS in front of the upstream)",
+        ));
+    }
+    if uri.authority().is_none() {
+        return Err(ConfigError::invalid(
+            "upstream.url",
+            "needs a host and port",
+        ));
+    }
+    if uri.path() != "/" && !uri.path().is_empty() {
+        return Err(ConfigError::invalid(
+            "upstream.url",
+            "must not carry a path: requests keep their own path",
+        ));
+    }
+    Ok(())
+}
+
+fn validate_normalize(n: &Normalize, field: &str) -> Result<(), ConfigError> {
+    if let Normalize::String { max_len, .. } = n
+        && (*max_len == 0 || *max_len > 4096)
+    {
+        return Err(ConfigError::invalid(
+            format!("{field}.max_len"),
+            "must be between 1 and 4096",
+        ));
+    }
+    Ok(())
+}
+
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [server]
+        listen = "127.0.0.1:0"
+        [upstream]
+        url = "http://127.0.0.1:3000"
+        [database]
+        url = "sqlite://data/x.db"
+        [filters.products]
+        source_query = "SELECT sku_id FROM products"
+        expected_items = 1000
+        [[routes]]
+        path = "/api/products/{id}"
+        key = { segment = "id" }
+        filter = "products"
+        origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }
+    "#;
+
+    fn err(toml: &str) -> String {
+        match Config::from_toml_str(toml) {
+            Ok(_) => panic!("config was accepted:\n{toml}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn good_config_gets_defaults() {
+        let c = Config::from_toml_str(GOOD).expect("valid");
+        assert_eq!(c.cache.negative_ttl, Duration::from_secs(30));
+        assert_eq!(c.filters["products"].false_positive_rate, 0.01);
+        assert_eq!(c.route_normalize(&c.routes[0]), Normalize::Integer);
+        assert_eq!(c.routes[0].label(), "/api/products/{id}");
+        assert_eq!(c.admin.listen.port(), 9090);
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = err(&GOOD.replace("[server]", "[server]\nlisten_port = 3"));
+        assert!(e.contains("listen_port"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_is_named() {
+        let e = err(&format!("{GOOD}\n[cache]\nttl = \"five minutes\"\n"));
+        assert!(e.contains("cache.ttl"), "{e}");
+    }
+
+    #[test]
+    fn missing_lookup_query_is_named() {
+        let e = err(&GOOD.replace(
+            r#"origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }"#,
+            r#"origin = { kind = "sql" }"#,
+        ));
+        assert!(e.contains("routes.0.origin") && e.contains("query"), "{e}");
+    }
+
+    #[test]
+    fn lookup_query_needs_one_placeholder() {
+        let e = err(&GOOD.replace("sku_id = ?", "sku_id = 1"));
+        assert!(e.contains("routes[0].origin.query"), "{e}");
+    }
+
+    #[test]
+    fn unknown_filter_and_bad_rate_are_named() {
+        let e = err(&GOOD.replace("filter = \"products\"", "filter = \"nope\""));
+        assert!(e.contains("routes[0].filter"), "{e}");
+        let e = err(&GOOD.replace(
+            "expected_items = 1000",
+            "expected_items = 1000\nfalse_positive_rate = 1.5",
+        ));
+        assert!(e.contains("filters.products.false_positive_rate"), "{e}");
+    }
+
+    #[test]
+    fn path_must_name_the_segment() {
+        let e = err(&GOOD.replace("{ segment = \"id\" }", "{ segment = \"sku\" }"));
+        assert!(e.contains("routes[0].path"), "{e}");
+    }
+
+    #[test]
+    fn upstream_url_is_checked() {
+        let e = err(&GOOD.replace("http://127.0.0.1:3000", "https://example.test"));
+        assert!(e.contains("upstream.url"), "{e}");
+    }
+
+    #[test]
+    fn string_normaliser_parses() {
+        let toml = GOOD.replace(
+            "expected_items = 1000",
+            "expected_items = 1000\nnormalize = { kind = \"string\", lowercase = true, max_len = 32 }",
+        );
+        let c = Config::from_toml_str(&toml).expect("valid");
+        assert_eq!(
+            c.filters["products"].normalize,
+            Normalize::String {
+                lowercase: true,
+                max_len: 32
+            }
+        );
+    }
+}

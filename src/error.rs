@@ -1,0 +1,125 @@
+//! Errors on the request path and the one place where they become responses: a status,
+//! a stable code, a generic JSON body. 4xx are the client's and are not logged as errors;
+//! 5xx are logged once, with the cause, by the caller of [`ProxyError::log`].
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::cache::LoadMiss;
+use crate::key::KeyError;
+use crate::origin::OriginError;
+use crate::upstream::UpstreamError;
+
+/// A request that could not be answered normally.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The key is missing or malformed: 400, before any lookup.
+    #[error(transparent)]
+    BadKey(#[from] KeyError),
+    /// The request body exceeds `server.max_body_bytes`: 413.
+    #[error("request body exceeds the configured limit")]
+    BodyTooLarge,
+    /// The origin did not answer in time: 504.
+    #[error("origin timed out: {0}")]
+    Timeout(String),
+    /// The database is down or its pool is exhausted: 503.
+    #[error("origin unavailable: {0}")]
+    Unavailable(String),
+    /// The upstream failed or answered badly: 502.
+    #[error("bad gateway: {0}")]
+    BadGateway(String),
+    /// Anything else (a failing lookup query, an encoding error): 500.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BadKey(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A stable machine-readable code for the JSON body.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProxyError::BadKey(k) => k.code(),
+            ProxyError::BodyTooLarge => "body_too_large",
+            ProxyError::Timeout(_) => "origin_timeout",
+            ProxyError::Unavailable(_) => "origin_unavailable",
+            ProxyError::BadGateway(_) => "bad_gateway",
+            ProxyError::Internal(_) => "internal_error",
+        }
+    }
+
+    /// Logs a server-side failure once, with its cause; client errors are only traced.
+    pub fn log(&self, route: &str) {
+        if self.status().is_server_error() {
+            tracing::error!(route, code = self.as_str(), error = %self, "request failed");
+        } else {
+            tracing::debug!(route, code = self.as_str(), error = %self, "request refused");
+        }
+    }
+
+    /// The response: the status and `{"error": code, "message": …}`. Messages of 4xx
+    /// explain the problem; messages of 5xx stay generic (the cause is in the log).
+    pub fn into_response(self) -> Response<Bytes> {
+        let message = match &self {
+            ProxyError::BadKey(k) => k.to_string(),
+            ProxyError::BodyTooLarge => self.to_string(),
+            _ => self
+                .status()
+                .canonical_reason()
+                .unwrap_or("error")
+                .to_owned(),
+        };
+        let body = serde_json::json!({ "error": self.as_str(), "message": message });
+        let mut resp = Response::new(Bytes::from(body.to_string()));
+        *resp.status_mut() = self.status();
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp
+    }
+}
+
+impl From<UpstreamError> for ProxyError {
+    fn from(e: UpstreamError) -> Self {
+        match e {
+            UpstreamError::BodyTooLarge => ProxyError::BodyTooLarge,
+            UpstreamError::Timeout(_) => ProxyError::Timeout(e.to_string()),
+            other => ProxyError::BadGateway(other.to_string()),
+        }
+    }
+}
+
+impl From<&OriginError> for ProxyError {
+    fn from(e: &OriginError) -> Self {
+        match e {
+            OriginError::Timeout(_) => ProxyError::Timeout(e.to_string()),
+            OriginError::DbUnavailable(_) => ProxyError::Unavailable(e.to_string()),
+            OriginError::Upstream(UpstreamError::Timeout(_)) => ProxyError::Timeout(e.to_string()),
+            OriginError::Upstream(_)
+            | OriginError::UpstreamStatus(_)
+            | OriginError::UpstreamBody(_) => ProxyError::BadGateway(e.to_string()),
+            OriginError::Db(_) | OriginError::Encode(_) => ProxyError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<&LoadMiss> for ProxyError {
+    fn from(e: &LoadMiss) -> Self {
+        match e {
+            LoadMiss::Origin(o) => o.into(),
+            LoadMiss::NotFound => {
+                ProxyError::Internal("a not-found load was reported as a failure".into())
+            }
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Key normalisation: the one function that turns a raw key (from a request or from a
+//! database row) into the canonical form the filter and the cache see. Requests and the
+//! loader share it, so "007" in a URL and 7 in a column can never disagree. It does not
+//! extract keys from requests (see `proxy::route`).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use crate::config::Normalize;
+
+/// Why a raw key was refused. Every variant becomes a 400 before any lookup.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The query parameter or path segment is absent.
+    #[error("the key parameter `{0}` is missing")]
+    Missing(&'static str),
+    /// Present but empty after trimming.
+    #[error("the key is empty")]
+    Empty,
+    /// Not an unsigned decimal integer.
+    #[error("the key must be an unsigned decimal integer")]
+    NotAnInteger,
+    /// Digits, but larger than 18446744073709551615.
+    #[error("the key is out of range for a 64-bit unsigned integer")]
+    OutOfRange,
+    /// Longer than the route allows.
+    #[error("the key is longer than {0} bytes")]
+    TooLong(usize),
+    /// Contains control characters or invalid percent-encoding.
+    #[error("the key contains characters that are not allowed")]
+    InvalidCharacters,
+}
+
+impl KeyError {
+    /// Stable machine-readable code, used in JSON error bodies.
+    pub fn code(&self) -> &'static str {
+        match self {
+            KeyError::Missing(_) => "missing_key",
+            KeyError::Empty => "empty_key",
+            KeyError::NotAnInteger => "key_not_an_integer",
+            KeyError::OutOfRange => "key_out_of_range",
+            KeyError::TooLong(_) => "key_too_long",
+            KeyError::InvalidCharacters => "key_invalid_characters",
+        }
+    }
+}
+
+/// A key in canonical form. Borrowed from the request where no rewriting was needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NormKey<'a> {
+    /// An integer key; its canonical bytes are its decimal digits.
+    Int(u64),
+    /// A text key after trimming and optional lowercasing.
+    Text(Cow<'a, str>),
+}
+
+/// Stack space for the canonical bytes of a key, so hashing an integer key allocates nothing.
+pub struct KeyBytes {
+    buf: itoa::Buffer,
+}
+
+impl KeyBytes {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        KeyBytes {
+            buf: itoa::Buffer::new(),
+        }
+    }
+
+    /// The bytes the filter hashes for `key`.
+    pub fn of<'k>(&'k mut self, key: &'k NormKey<'_>) -> &'k [u8] {
+        match key {
+            NormKey::Int(n) => self.buf.format(*n).as_bytes(),
+            NormKey::Text(s) => s.as_bytes(),
+        }
+    }
+}
+
+impl Default for KeyBytes {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl NormKey<'_> {
+    /// An owned copy fit for a cache key.
+    pub fn to_owned_key(&self) -> OwnedKey {
+        match self {
+            NormKey::Int(n) => OwnedKey::Int(*n),
+            NormKey::Text(s) => OwnedKey::Text(Arc::from(s.as_ref())),
+        }
+    }
+}
+
+/// An owned canonical key, cheap to clone (used in cache keys and logs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum OwnedKey {
+    /// See [`NormKey::Int`].
+    Int(u64),
+    /// See [`NormKey::Text`].
+    Text(Arc<str>),
+}
+
+impl OwnedKey {
+    /// Borrowed view, for hashing and binding.
+    pub fn as_norm(&self) -> NormKey<'_> {
+        match self {
+            OwnedKey::Int(n) => NormKey::Int(*n),
+            OwnedKey::Text(s) => NormKey::Text(Cow::Borrowed(s)),
+        }
+    }
+}
+
+impl std::fmt::Display for OwnedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OwnedKey::Int(n) => write!(f, "{n}"),
+            OwnedKey::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Applies `rule` to `raw`.
+pub fn normalize<'a>(rule: &Normalize, raw: Cow<'a, str>) -> Result<NormKey<'a>, KeyError> {
+    match rule {
+        Normalize::Integer => parse_u64(raw.trim()).map(NormKey::Int),
+        Normalize::String { lowercase, max_len } => {
+            normalize_text(raw, *lowercase, *max_len).map(NormKey::Text)
+        }
+    }
+}
+
+fn parse_u64(s: &str) -> Result<u64, KeyError> {
+    let digits = s.strip_prefix('+').unwrap_or(s);
+    if digits.is_empty() {
+        return Err(if s.is_empty() {
+            KeyError::Empty
+        } else {
+            KeyError::NotAnInteger
+        });
+    }
+    let mut n: u64 = 0;
+    for b in digits.bytes() {
+        if !b.is_ascii_digit() {
+            return Err(KeyError::NotAnInteger);
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(b - b'0')))
+            .ok_or(KeyError::OutOfRange)?;
+    }
+    Ok(n)
+}
+
+fn normalize_text(
+    raw: Cow<'_, str>,
+    lowercase: bool,
+    max_len: usize,
+) -> Result<Cow<'_, str>, KeyError> {
+    let trimmed: Cow<'_, str> = match raw {
+        Cow::Borrowed(s) => Cow::Borrowed(s.trim()),
+        Cow::Owned(s) => {
+            let t = s.trim();
+            if t.len() == s.len() {
+                Cow::Owned(s)
+            } else {
+                Cow::Owned(t.to_owned())
+            }
+        }
+    };
+    if trimmed.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if trimmed.len() > max_len {
+        return Err(KeyError::TooLong(max_len));
+    }
+    if trimmed.chars().any(char::is_control) {
+        return Err(KeyError::InvalidCharacters);
+    }
+    if lowercase && trimmed.chars().any(char::is_uppercase) {
+        return Ok(Cow::Owned(trimmed.to_lowercase()));
+    }
+    Ok(trimmed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int(s: &str) -> Result<NormKey<'_>, KeyError> {
+        normalize(&Normalize::Integer, Cow::Borrowed(s))
+    }
+
+    #[test]
+    fn integers_take_canonical_form() {
+        assert_eq!(int("123"), Ok(NormKey::Int(123)));
+        assert_eq!(int("007"), Ok(NormKey::Int(7)));
+        assert_eq!(int(" +42 "), Ok(NormKey::Int(42)));
+        assert_eq!(int("18446744073709551615"), Ok(NormKey::Int(u64::MAX)));
+        let mut b = KeyBytes::new();
+        assert_eq!(b.of(&NormKey::Int(7)), b"7");
+    }
+
+    #[test]
+    fn malformed_integers_are_refused() {
+        assert_eq!(int(""), Err(KeyError::Empty));
+        assert_eq!(int("+"), Err(KeyError::NotAnInteger));
+        assert_eq!(int("-1"), Err(KeyError::NotAnInteger));
+        assert_eq!(int("12a"), Err(KeyError::NotAnInteger));
+        assert_eq!(int("1.0"), Err(KeyError::NotAnInteger));
+        assert_eq!(int("١٢"), Err(KeyError::NotAnInteger));
+        assert_eq!(int("18446744073709551616"), Err(KeyError::OutOfRange));
+    }
+
+    #[test]
+    fn strings_trim_fold_and_bound() {
+        let rule = Normalize::String {
+            lowercase: true,
+            max_len: 8,
+        };
+        let k = normalize(&rule, Cow::Borrowed("  AbC ")).expect("valid");
+        assert_eq!(k, NormKey::Text(Cow::Borrowed("abc")));
+        let k = normalize(&rule, Cow::Borrowed("abc")).expect("valid");
+        assert!(matches!(k, NormKey::Text(Cow::Borrowed("abc"))));
+        assert_eq!(
+            normalize(&rule, Cow::Borrowed("123456789")),
+            Err(KeyError::TooLong(8))
+        );
+        assert_eq!(normalize(&rule, Cow::Borrowed("   ")), Err(KeyError::Empty));
+        assert_eq!(
+            normalize(&rule, Cow::Borrowed("a\u{0}b")),
+            Err(KeyError::InvalidCharacters)
+        );
+    }
+}

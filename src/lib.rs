@@ -1,0 +1,44 @@
+//! bloomgate: a caching reverse proxy that keeps requests for keys that do not exist away
+//! from the database. Every request on a guarded route goes through one pipeline:
+//! route match and key normalisation → Bloom gate → response cache → origin.
+//!
+//! # Layout
+//!
+//! - [`config`]: the TOML config, environment overrides and validation.
+//! - [`key`]: key normalisation, shared by requests and the filter loader.
+//! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits).
+//! - [`gate`]: the live filter per name, its verdict, readiness and background loading.
+//! - [`cache`]: positive and negative moka caches with coalesced loading.
+//! - [`origin`]: SQL lookups and upstream fetches for keys the gate let through.
+//! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming.
+//! - [`proxy`]: the data-plane handler (`proxy::route` matches routes, extracts keys).
+//! - [`passthrough`]: plain reverse proxying for routes that are not guarded.
+//! - [`upstream`]: the pooled HTTP client to the upstream API.
+//! - [`outcome`]: how a guarded request ended (metric label, log field, header).
+//! - [`error`]: request-path errors and their responses.
+//! - [`metrics`]: every Prometheus metric, on a registry passed in.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
+//! - [`server`]: the HTTP/1.1 accept loop with timeouts and graceful shutdown.
+//! - [`app`]: wiring of all of the above from a config.
+//! - [`demo`]: the embedded SQLite demo.
+
+pub mod admin;
+pub mod app;
+pub mod cache;
+pub mod config;
+pub mod db;
+pub mod demo;
+pub mod error;
+pub mod filter;
+pub mod gate;
+pub mod key;
+pub mod metrics;
+pub mod origin;
+pub mod outcome;
+pub mod passthrough;
+pub mod proxy;
+pub mod server;
+pub mod upstream;
+
+pub use app::{App, AppError, shutdown_signal};
+pub use config::Config;

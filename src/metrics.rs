@@ -1,0 +1,337 @@
+//! Every Prometheus metric bloomgate exports, registered on a registry that is passed in
+//! (never the global one), so several proxies can live in one process. Per-route label
+//! handles are resolved once at start-up: the request path only increments. It does not
+//! serve `/metrics` (see `admin`).
+
+use std::time::Duration;
+
+use prometheus::{
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
+};
+
+use crate::filter::FilterStats;
+use crate::outcome::Outcome;
+
+/// Histogram buckets for request latency: from 50 µs (an intercepted request) to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
+/// All metric families.
+#[derive(Clone)]
+pub struct Metrics {
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    origin_duration: HistogramVec,
+    filter_items: IntGaugeVec,
+    filter_capacity: IntGaugeVec,
+    filter_bits: IntGaugeVec,
+    filter_hashes: IntGaugeVec,
+    filter_fill_ratio: GaugeVec,
+    filter_estimated_fpp: GaugeVec,
+    filter_ready: IntGaugeVec,
+    filter_last_sync: GaugeVec,
+    filter_loads: IntCounterVec,
+    filter_load_duration: GaugeVec,
+    filter_keys_skipped: IntCounterVec,
+    cache_entries: IntGaugeVec,
+    passthrough: IntCounterVec,
+}
+
+/// Label handles for one route, resolved once.
+#[derive(Clone)]
+pub struct RouteMetrics {
+    requests: Vec<IntCounter>,
+    durations: Vec<Histogram>,
+    origin: Histogram,
+}
+
+impl RouteMetrics {
+    /// Counts a finished request and its latency.
+    pub fn observe(&self, outcome: Outcome, elapsed: Duration) {
+        self.requests[outcome.index()].inc();
+        self.durations[outcome.index()].observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the duration of one origin call.
+    pub fn observe_origin(&self, elapsed: Duration) {
+        self.origin.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Gauge handles for one filter, resolved once.
+#[derive(Clone)]
+pub struct FilterMetrics {
+    items: IntGauge,
+    capacity: IntGauge,
+    bits: IntGauge,
+    hashes: IntGauge,
+    fill_ratio: Gauge,
+    estimated_fpp: Gauge,
+    ready: IntGauge,
+    last_sync: Gauge,
+    loads_ok: IntCounter,
+    loads_failed: IntCounter,
+    load_duration: Gauge,
+    keys_skipped: IntCounter,
+}
+
+impl FilterMetrics {
+    /// Publishes the live filter's statistics.
+    pub fn set_stats(&self, s: &FilterStats) {
+        self.items.set(clamp_i64(s.items));
+        self.capacity.set(clamp_i64(s.capacity));
+        self.bits.set(clamp_i64(s.bits));
+        self.hashes.set(i64::from(s.hashes));
+        self.fill_ratio.set(s.fill_ratio);
+        self.estimated_fpp.set(s.estimated_fpp);
+    }
+
+    /// Marks the filter ready (1) or not (0).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    /// Records a finished load: its result, duration, skipped keys and completion time.
+    pub fn record_load(&self, ok: bool, took: Duration, skipped: u64, finished_unix: f64) {
+        if ok {
+            self.loads_ok.inc();
+            self.load_duration.set(took.as_secs_f64());
+            self.last_sync.set(finished_unix);
+            self.keys_skipped.inc_by(skipped);
+        } else {
+            self.loads_failed.inc();
+        }
+    }
+}
+
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    /// Creates every family and registers it on `registry`.
+    pub fn new(registry: &Registry) -> prometheus::Result<Metrics> {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_requests_total",
+                "Requests on guarded routes, by route and outcome.",
+            ),
+            &["route", "outcome"],
+        )?;
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "bloomgate_request_duration_seconds",
+                "Time to answer a guarded request, by route and outcome.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route", "outcome"],
+        )?;
+        let origin_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "bloomgate_origin_duration_seconds",
+                "Duration of origin calls (database lookups or upstream requests), by route.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route"],
+        )?;
+        let filter_gauge =
+            |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["filter"]);
+        let filter_items = filter_gauge(
+            "bloomgate_filter_items",
+            "Keys inserted into the live filter.",
+        )?;
+        let filter_capacity = filter_gauge(
+            "bloomgate_filter_capacity",
+            "Keys the live filter was sized for.",
+        )?;
+        let filter_bits =
+            filter_gauge("bloomgate_filter_bits", "Size of the live filter in bits.")?;
+        let filter_hashes = filter_gauge(
+            "bloomgate_filter_hashes",
+            "Hash probes per key in the live filter.",
+        )?;
+        let filter_ready = filter_gauge(
+            "bloomgate_filter_ready",
+            "1 when the filter is loaded and gating, 0 while requests fail open.",
+        )?;
+        let filter_fill_ratio = GaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_fill_ratio",
+                "Share of the live filter's bits that are set.",
+            ),
+            &["filter"],
+        )?;
+        let filter_estimated_fpp = GaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_estimated_fpp",
+                "False-positive rate estimated from the fill ratio (fill_ratio ^ hashes).",
+            ),
+            &["filter"],
+        )?;
+        let filter_last_sync = GaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_last_sync_timestamp_seconds",
+                "Unix time at which the live filter last finished loading keys from its source.",
+            ),
+            &["filter"],
+        )?;
+        let filter_loads = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_loads_total",
+                "Full filter loads from the source query, by result.",
+            ),
+            &["filter", "result"],
+        )?;
+        let filter_load_duration = GaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_load_duration_seconds",
+                "Duration of the last successful full load.",
+            ),
+            &["filter"],
+        )?;
+        let filter_keys_skipped = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_keys_skipped_total",
+                "Source rows whose key failed normalisation and was not inserted.",
+            ),
+            &["filter"],
+        )?;
+        let cache_entries = IntGaugeVec::new(
+            Opts::new(
+                "bloomgate_cache_entries",
+                "Entries in the response cache (approximate), by kind.",
+            ),
+            &["kind"],
+        )?;
+        let passthrough = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_passthrough_requests_total",
+                "Requests on routes that are not guarded, by response status class.",
+            ),
+            &["status"],
+        )?;
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "bloomgate_build_info",
+                "Always 1; labels carry the version.",
+            ),
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(request_duration.clone()))?;
+        registry.register(Box::new(origin_duration.clone()))?;
+        registry.register(Box::new(filter_items.clone()))?;
+        registry.register(Box::new(filter_capacity.clone()))?;
+        registry.register(Box::new(filter_bits.clone()))?;
+        registry.register(Box::new(filter_hashes.clone()))?;
+        registry.register(Box::new(filter_fill_ratio.clone()))?;
+        registry.register(Box::new(filter_estimated_fpp.clone()))?;
+        registry.register(Box::new(filter_ready.clone()))?;
+        registry.register(Box::new(filter_last_sync.clone()))?;
+        registry.register(Box::new(filter_loads.clone()))?;
+        registry.register(Box::new(filter_load_duration.clone()))?;
+        registry.register(Box::new(filter_keys_skipped.clone()))?;
+        registry.register(Box::new(cache_entries.clone()))?;
+        registry.register(Box::new(passthrough.clone()))?;
+        registry.register(Box::new(build_info))?;
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+
+        Ok(Metrics {
+            requests,
+            request_duration,
+            origin_duration,
+            filter_items,
+            filter_capacity,
+            filter_bits,
+            filter_hashes,
+            filter_fill_ratio,
+            filter_estimated_fpp,
+            filter_ready,
+            filter_last_sync,
+            filter_loads,
+            filter_load_duration,
+            filter_keys_skipped,
+            cache_entries,
+            passthrough,
+        })
+    }
+
+    /// Resolves the handles for one route; every outcome series exists from the start,
+    /// so rates are 0 rather than absent before the first request.
+    pub fn route(&self, route: &str) -> RouteMetrics {
+        RouteMetrics {
+            requests: Outcome::ALL
+                .iter()
+                .map(|o| self.requests.with_label_values(&[route, o.as_str()]))
+                .collect(),
+            durations: Outcome::ALL
+                .iter()
+                .map(|o| {
+                    self.request_duration
+                        .with_label_values(&[route, o.as_str()])
+                })
+                .collect(),
+            origin: self.origin_duration.with_label_values(&[route]),
+        }
+    }
+
+    /// Resolves the handles for one filter.
+    pub fn filter(&self, filter: &str) -> FilterMetrics {
+        FilterMetrics {
+            items: self.filter_items.with_label_values(&[filter]),
+            capacity: self.filter_capacity.with_label_values(&[filter]),
+            bits: self.filter_bits.with_label_values(&[filter]),
+            hashes: self.filter_hashes.with_label_values(&[filter]),
+            fill_ratio: self.filter_fill_ratio.with_label_values(&[filter]),
+            estimated_fpp: self.filter_estimated_fpp.with_label_values(&[filter]),
+            ready: self.filter_ready.with_label_values(&[filter]),
+            last_sync: self.filter_last_sync.with_label_values(&[filter]),
+            loads_ok: self.filter_loads.with_label_values(&[filter, "ok"]),
+            loads_failed: self.filter_loads.with_label_values(&[filter, "error"]),
+            load_duration: self.filter_load_duration.with_label_values(&[filter]),
+            keys_skipped: self.filter_keys_skipped.with_label_values(&[filter]),
+        }
+    }
+
+    /// Publishes the cache sizes.
+    pub fn set_cache_entries(&self, positive: u64, negative: u64) {
+        self.cache_entries
+            .with_label_values(&["positive"])
+            .set(clamp_i64(positive));
+        self.cache_entries
+            .with_label_values(&["negative"])
+            .set(clamp_i64(negative));
+    }
+
+    /// Handles for pass-through counting, one per status class.
+    pub fn passthrough(&self) -> PassthroughMetrics {
+        PassthroughMetrics {
+            by_class: ["1xx", "2xx", "3xx", "4xx", "5xx"]
+                .map(|c| self.passthrough.with_label_values(&[c])),
+        }
+    }
+}
+
+/// Counters for pass-through responses by status class.
+#[derive(Clone)]
+pub struct PassthroughMetrics {
+    by_class: [IntCounter; 5],
+}
+
+impl PassthroughMetrics {
+    /// Counts one pass-through response.
+    pub fn observe(&self, status: u16) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.by_class[class].inc();
+    }
+}

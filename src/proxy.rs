@@ -1,0 +1,246 @@
+//! The data plane's request handler. A request on a guarded route reads as the pipeline:
+//! key → gate → cache → origin → response, each stage able to answer and stop. Every
+//! other request is passed through to the upstream. Serving sockets is `server`'s job.
+
+pub mod route;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+
+use crate::cache::{CacheKey, CachedResponse, Loaded, Lookup, ResponseCache};
+use crate::config::Normalize;
+use crate::error::ProxyError;
+use crate::gate::{Gate, Verdict};
+use crate::key::{KeyBytes, normalize};
+use crate::metrics::{PassthroughMetrics, RouteMetrics};
+use crate::origin::Origin;
+use crate::outcome::Outcome;
+use crate::passthrough;
+use crate::upstream::Upstream;
+use route::PathPattern;
+
+/// Response bodies: a buffer we made, or the upstream's stream passed through.
+pub type ProxyBody = Either<Full<Bytes>, Incoming>;
+
+/// The header that tells clients and tests which stage answered.
+pub const X_BLOOMGATE: HeaderName = HeaderName::from_static("x-bloomgate");
+
+const NOT_FOUND_BODY: &[u8] = br#"{"error":"not_found"}"#;
+
+/// One guarded route, compiled.
+pub struct GuardedRoute {
+    /// Index, part of cache keys.
+    pub id: u16,
+    /// Name used in labels and logs.
+    pub label: Arc<str>,
+    /// Path pattern and key source.
+    pub pattern: PathPattern,
+    /// Key normalisation (the filter's).
+    pub normalize: Normalize,
+    /// The filter that gates this route.
+    pub gate: Arc<Gate>,
+    /// Where found keys come from.
+    pub origin: Origin,
+    /// Lifetime of negative entries for this route.
+    pub negative_ttl: Duration,
+    /// Pre-resolved metric handles.
+    pub metrics: RouteMetrics,
+}
+
+/// The data-plane handler.
+pub struct Proxy {
+    routes: Vec<GuardedRoute>,
+    cache: ResponseCache,
+    upstream: Option<Arc<Upstream>>,
+    max_body: u64,
+    passthrough_metrics: PassthroughMetrics,
+}
+
+impl Proxy {
+    /// Assembles the handler from its compiled parts.
+    pub fn new(
+        routes: Vec<GuardedRoute>,
+        cache: ResponseCache,
+        upstream: Option<Arc<Upstream>>,
+        max_body: u64,
+        passthrough_metrics: PassthroughMetrics,
+    ) -> Proxy {
+        Proxy {
+            routes,
+            cache,
+            upstream,
+            max_body,
+            passthrough_metrics,
+        }
+    }
+
+    /// The guarded routes, for the admin plane.
+    pub fn routes(&self) -> &[GuardedRoute] {
+        &self.routes
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+        if matches!(*req.method(), Method::GET | Method::HEAD)
+            && let Some((route, segment)) = self.match_route(req.uri().path())
+        {
+            return self.guarded(route, segment, &req).await;
+        }
+        passthrough::forward(
+            self.upstream.as_deref(),
+            req,
+            peer,
+            self.max_body,
+            &self.passthrough_metrics,
+        )
+        .await
+    }
+
+    fn match_route<'p>(&self, path: &'p str) -> Option<(&GuardedRoute, &'p str)> {
+        self.routes
+            .iter()
+            .find_map(|r| r.pattern.matches(path).map(|seg| (r, seg)))
+    }
+
+    async fn guarded(
+        &self,
+        route: &GuardedRoute,
+        segment: &str,
+        req: &Request<Incoming>,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let (outcome, mut resp) = match self.decide(route, segment, req).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                e.log(&route.label);
+                (Outcome::Error, error_response(e))
+            }
+        };
+        route.metrics.observe(outcome, started.elapsed());
+        resp.headers_mut().insert(
+            X_BLOOMGATE,
+            HeaderValue::from_static(outcome.header_value()),
+        );
+        resp
+    }
+
+    /// The pipeline for one guarded request.
+    async fn decide(
+        &self,
+        route: &GuardedRoute,
+        segment: &str,
+        req: &Request<Incoming>,
+    ) -> Result<(Outcome, Response<ProxyBody>), ProxyError> {
+        let raw = route.pattern.raw_key(segment, req.uri().query())?;
+        let key = normalize(&route.normalize, raw)?;
+
+        let mut bytes = KeyBytes::new();
+        let verdict = route.gate.check(bytes.of(&key));
+        if verdict == Verdict::Absent {
+            // Short-circuit: the key is certainly absent; no cache, no origin.
+            return Ok((Outcome::Intercepted, not_found()));
+        }
+        let failing_open = verdict == Verdict::Unavailable;
+        let counted = |normal: Outcome| {
+            if failing_open {
+                Outcome::FailOpen
+            } else {
+                normal
+            }
+        };
+
+        let cache_key = CacheKey {
+            route: route.id,
+            key: key.to_owned_key(),
+        };
+        match self.cache.lookup(&cache_key).await {
+            Lookup::Hit(cached) => return Ok((counted(Outcome::CacheHit), replay(cached))),
+            Lookup::NegativeHit => return Ok((counted(Outcome::NegativeHit), not_found())),
+            Lookup::Miss => {}
+        }
+
+        let fetch = async {
+            let t = Instant::now();
+            let fetched = route
+                .origin
+                .fetch(&cache_key.key, req.uri().path_and_query())
+                .await;
+            route.metrics.observe_origin(t.elapsed());
+            fetched
+        };
+        match self
+            .cache
+            .load(cache_key.clone(), route.negative_ttl, fetch)
+            .await
+        {
+            Loaded::Found { response, leader } => {
+                let outcome = if leader {
+                    Outcome::OriginFound
+                } else {
+                    Outcome::CacheHit
+                };
+                Ok((counted(outcome), replay(response)))
+            }
+            Loaded::NotFound { leader } => {
+                if leader && !failing_open {
+                    tracing::debug!(route = %route.label, key = %cache_key.key, "false positive: negative entry stored");
+                }
+                let outcome = if leader {
+                    Outcome::FalsePositive
+                } else {
+                    Outcome::NegativeHit
+                };
+                Ok((counted(outcome), not_found()))
+            }
+            Loaded::Failed { error, .. } => Err(ProxyError::from(&*error)),
+        }
+    }
+
+    /// Drops cached entries (positive and negative) for a key on every route gated by
+    /// `filter` (or on every route when `filter` is `None`).
+    pub async fn invalidate(&self, filter: Option<&str>, key: &crate::key::OwnedKey) {
+        for r in &self.routes {
+            if filter.is_none_or(|f| r.gate.name() == f) {
+                let ck = CacheKey {
+                    route: r.id,
+                    key: key.clone(),
+                };
+                self.cache.invalidate(&ck).await;
+            }
+        }
+    }
+
+    /// The response cache, for metrics and the admin plane.
+    pub fn cache(&self) -> &ResponseCache {
+        &self.cache
+    }
+}
+
+fn not_found() -> Response<ProxyBody> {
+    let mut resp = Response::new(Either::Left(Full::new(Bytes::from_static(NOT_FOUND_BODY))));
+    *resp.status_mut() = StatusCode::NOT_FOUND;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn replay(cached: CachedResponse) -> Response<ProxyBody> {
+    let mut resp = Response::new(Either::Left(Full::new(cached.body)));
+    *resp.status_mut() = cached.status;
+    if let Some(ct) = cached.content_type {
+        resp.headers_mut().insert(CONTENT_TYPE, ct);
+    }
+    resp
+}
+
+/// Turns an error into its response (the only place that does).
+pub fn error_response(e: ProxyError) -> Response<ProxyBody> {
+    e.into_response().map(|b| Either::Left(Full::new(b)))
+}

@@ -1,0 +1,121 @@
+//! The pooled keep-alive HTTP client to the upstream API, shared by pass-through and by
+//! `upstream` origins. It sends requests and enforces the response-head timeout; it does
+//! not decide what to forward (see `passthrough` and `origin`).
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
+use http_body_util::{Either, Empty, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::UpstreamConfig;
+
+/// Request bodies sent upstream: empty (origin fetches) or the client's body, bounded.
+pub type UpstreamBody = Either<Empty<Bytes>, Limited<Incoming>>;
+
+/// Why an upstream exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// No response head within the configured timeout.
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The client's body exceeded `server.max_body_bytes` while being forwarded.
+    #[error("request body exceeds the configured limit")]
+    BodyTooLarge,
+    /// Connecting or exchanging failed.
+    #[error("upstream request failed: {0}")]
+    Request(#[source] hyper_util::client::legacy::Error),
+    /// The configured upstream URL is not `http://host:port`.
+    #[error("upstream URL {0:?} is not of the form http://host:port")]
+    BadUrl(String),
+    /// The configured URL and request path do not form a URI.
+    #[error("cannot build the upstream URI: {0}")]
+    Uri(#[from] http::Error),
+}
+
+/// The upstream API client.
+pub struct Upstream {
+    client: Client<HttpConnector, UpstreamBody>,
+    scheme: Scheme,
+    authority: Authority,
+    timeout: Duration,
+}
+
+impl Upstream {
+    /// Builds the client and its connection pool (no connection is opened yet).
+    pub fn new(config: &UpstreamConfig) -> Result<Upstream, UpstreamError> {
+        let base: Uri = config
+            .url
+            .parse()
+            .map_err(|_| UpstreamError::BadUrl(config.url.clone()))?;
+        let parts = base.into_parts();
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.timeout));
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .pool_max_idle_per_host(config.pool_max_idle)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(Upstream {
+            client,
+            scheme: parts.scheme.unwrap_or(Scheme::HTTP),
+            authority: parts
+                .authority
+                .ok_or_else(|| UpstreamError::BadUrl(config.url.clone()))?,
+            timeout: config.timeout,
+        })
+    }
+
+    /// The upstream URI for a request's path and query.
+    pub fn uri_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, UpstreamError> {
+        let pq = path_and_query.map_or("/", PathAndQuery::as_str);
+        Ok(Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()?)
+    }
+
+    /// The upstream's `host:port`, for the Host header of origin fetches.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The configured response-head timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends a request and waits (bounded) for the response head.
+    pub async fn send(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) => Err(UpstreamError::Timeout(self.timeout)),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) if caused_by_length_limit(&e) => Err(UpstreamError::BodyTooLarge),
+            Ok(Err(e)) => Err(UpstreamError::Request(e)),
+        }
+    }
+}
+
+fn caused_by_length_limit(e: &(dyn StdError + 'static)) -> bool {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<LengthLimitError>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
