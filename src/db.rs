@@ -57,7 +57,8 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[(
 pub enum Db {
     /// `mysql://` or `mariadb://`.
     MySql(MySqlPool),
-    /// `sqlite:` (a file, or `sqlite::memory:`).
+    /// `sqlite:` (a file, or `sqlite::memory:`, which lives only while a connection to
+    /// it is open: give it `min_connections: 1` and no idle timeout).
     Sqlite(SqlitePool),
 }
 
@@ -75,6 +76,8 @@ pub struct PoolSettings {
     pub idle_timeout: Option<Duration>,
 }
 
+/// 10 connections at most, none kept open, a 500 ms acquire timeout, idle connections
+/// closed after 10 minutes.
 impl Default for PoolSettings {
     fn default() -> Self {
         Self {

@@ -151,10 +151,23 @@ fn float(f: f64) -> Value {
     Number::from_f64(f).map_or(Value::Null, Value::Number)
 }
 
-/// A DECIMAL as a JSON number when the shortest f64 form reads back as exactly the same
-/// decimal (19.99, 100.00 → 100), else as the exact decimal string ("0.1000000000000000000001").
+/// A DECIMAL as a JSON number when that loses nothing: an integer when it is whole
+/// (100.00 → 100), else the shortest f64 if it reads back as exactly the same decimal
+/// (19.99). Otherwise the exact decimal text as a string ("0.1000000000000000000000001").
 fn decimal(text: &str) -> Value {
-    if let (Ok(exact), Ok(f)) = (Decimal::from_str_exact(text), text.parse::<f64>())
+    let Ok(exact) = Decimal::from_str_exact(text) else {
+        return Value::String(text.to_owned());
+    };
+    if exact.fract().is_zero() {
+        let whole = exact.trunc().to_string();
+        if let Ok(n) = whole.parse::<i64>() {
+            return Value::from(n);
+        }
+        if let Ok(n) = whole.parse::<u64>() {
+            return Value::from(n);
+        }
+    }
+    if let Ok(f) = text.parse::<f64>()
         && let Some(number) = Number::from_f64(f)
         && Decimal::from_str_exact(&f.to_string()).is_ok_and(|back| back == exact)
     {
@@ -165,7 +178,8 @@ fn decimal(text: &str) -> Value {
 
 /// MySQL TIME is a duration (up to ±838:59:59), not a time of day: `[-]HH:MM:SS[.ffffff]`.
 fn time_of(t: MySqlTime) -> String {
-    let sign = if t.is_negative() { "-" } else { "" };
+    // Not `t.is_negative()`: in sqlx 0.9.0 it returns the opposite.
+    let sign = if t.sign().is_negative() { "-" } else { "" };
     let mut out = format!(
         "{sign}{:02}:{:02}:{:02}",
         t.hours(),
@@ -185,7 +199,7 @@ pub(super) enum MySqlKeyKind {
     Signed,
     /// Unsigned integer types, YEAR and BIT.
     Unsigned,
-    /// Text of any kind: used as stored.
+    /// Text of any kind, and DECIMAL (sent as text): used as sent.
     Text,
     /// Anything else: rendered as in a lookup, then taken as a string.
     Other,
@@ -203,7 +217,8 @@ impl MySqlKeyKind {
             name if name.ends_with(" UNSIGNED") || name == "YEAR" || name == "BIT" => {
                 MySqlKeyKind::Unsigned
             }
-            "DECIMAL" | "JSON" => MySqlKeyKind::Other,
+            "DECIMAL" => MySqlKeyKind::Text,
+            "JSON" => MySqlKeyKind::Other,
             _ if <&str as Type<MySql>>::compatible(ty) => MySqlKeyKind::Text,
             _ => MySqlKeyKind::Other,
         }
@@ -275,4 +290,36 @@ fn write_value_key(buf: &mut String, value: Value) -> &str {
         }
     }
     buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sqlx::mysql::types::MySqlTimeSign;
+
+    #[test]
+    fn decimals_are_numbers_only_when_nothing_is_lost() {
+        assert_eq!(decimal("19.99"), json!(19.99));
+        assert_eq!(decimal("100.00"), json!(100));
+        assert_eq!(decimal("-0.00"), json!(0));
+        assert_eq!(decimal("-12.50"), json!(-12.5));
+        assert_eq!(decimal("18446744073709551615"), json!(u64::MAX));
+        assert_eq!(
+            decimal("0.1000000000000000000000001"),
+            json!("0.1000000000000000000000001")
+        );
+        assert_eq!(decimal("9007199254740993.5"), json!("9007199254740993.5"));
+        let wide = "12345678901234567890.12345678901234567890";
+        assert_eq!(decimal(wide), json!(wide));
+    }
+
+    #[test]
+    fn mysql_times_keep_their_sign_and_hours_beyond_a_day() -> Result<(), BoxDynError> {
+        let t = MySqlTime::new(MySqlTimeSign::Negative, 838, 59, 59, 0)?;
+        assert_eq!(time_of(t), "-838:59:59");
+        let t = MySqlTime::new(MySqlTimeSign::Positive, 9, 5, 0, 120)?;
+        assert_eq!(time_of(t), "09:05:00.000120");
+        Ok(())
+    }
 }

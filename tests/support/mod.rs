@@ -1,0 +1,585 @@
+//! Test harness: a real bloomgate on 127.0.0.1 port 0 (`TestProxy`), a throwaway MariaDB
+//! database and user per test (`TestDb`, counting the SELECTs the proxy runs), a real
+//! upstream API that counts its hits (`StubUpstream`), a TCP relay that can play a
+//! database that is down (`Relay`), and a small HTTP client.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bloomgate::App;
+use bloomgate::config::Config;
+use bloomgate::db::{Db, PoolSettings};
+use bloomgate::server::{self, Handler, ServeOptions};
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use sqlx::mysql::MySqlPool;
+use sqlx::{AssertSqlSafe, Row};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, watch};
+
+/// The MariaDB server URL exported by `scripts/test`, without a database.
+/// Locally, without it, MariaDB tests are skipped with a notice; in CI they fail.
+pub fn mysql_url() -> Option<String> {
+    match std::env::var("BLOOMGATE_TEST_MYSQL_URL") {
+        Ok(url) if !url.is_empty() => Some(url.trim_end_matches('/').to_owned()),
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "BLOOMGATE_TEST_MYSQL_URL is not set: run the tests through scripts/test"
+            );
+            eprintln!("skipped: BLOOMGATE_TEST_MYSQL_URL is not set (run scripts/test)");
+            None
+        }
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{:016x}", rand::random::<u64>())
+}
+
+/// A database and a user of its own, so `selects()` counts only this test's proxy.
+pub struct TestDb {
+    /// Database name.
+    pub name: String,
+    /// The proxy's URL (as the test's own user).
+    pub url: String,
+    user: String,
+    /// Pool as the privileged test user, for set-up and inspection.
+    pub admin: MySqlPool,
+}
+
+impl TestDb {
+    /// Creates the database, its user, the schema, and `products` demo rows
+    /// (keys `demo_sku(0..products)`).
+    pub async fn create(server: &str, products: u64) -> TestDb {
+        let admin = MySqlPool::connect(server)
+            .await
+            .expect("connect to MariaDB");
+        let name = unique("bg");
+        let user = unique("u");
+        for stmt in [
+            format!("CREATE DATABASE {name}"),
+            format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"),
+            format!("GRANT ALL ON {name}.* TO '{user}'@'%'"),
+            "SET GLOBAL userstat = 1".to_owned(),
+        ] {
+            sqlx::query(AssertSqlSafe(stmt))
+                .execute(&admin)
+                .await
+                .expect("set up test database");
+        }
+        admin.close().await;
+        let (scheme_auth, _) = split_url(server);
+        let host = scheme_auth.rsplit('@').next().unwrap_or(scheme_auth);
+        let url = format!("mysql://{user}:pw@{host}/{name}");
+        let admin = MySqlPool::connect(&format!("{server}/{name}"))
+            .await
+            .expect("connect to test database");
+        let db = Db::connect_lazy(&format!("{server}/{name}"), &pool_settings()).expect("pool");
+        db.migrate().await.expect("migrate");
+        if products > 0 {
+            db.seed_demo_products(products).await.expect("seed");
+        }
+        db.close().await;
+        TestDb {
+            name,
+            url,
+            user,
+            admin,
+        }
+    }
+
+    /// SELECT statements run so far by the proxy's user (MariaDB's USER_STATISTICS).
+    pub async fn selects(&self) -> u64 {
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(SELECT_COMMANDS), 0) AS UNSIGNED) FROM information_schema.USER_STATISTICS WHERE USER = ?",
+        )
+        .bind(&self.user)
+        .fetch_one(&self.admin)
+        .await
+        .expect("read user statistics");
+        row.get::<u64, _>(0)
+    }
+
+    /// Inserts a product behind the proxy's back.
+    pub async fn insert_product(&self, sku: u64) {
+        sqlx::query("INSERT INTO products (sku_id, name, price) VALUES (?, ?, 1.00)")
+            .bind(sku)
+            .bind(format!("Product {sku}"))
+            .execute(&self.admin)
+            .await
+            .expect("insert product");
+    }
+
+    /// The URL with the host replaced by `addr` (to go through a [`Relay`]).
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        format!("mysql://{}:pw@{addr}/{}", self.user, self.name)
+    }
+}
+
+fn split_url(url: &str) -> (&str, &str) {
+    let rest = url.strip_prefix("mysql://").unwrap_or(url);
+    match rest.split_once('/') {
+        Some((a, b)) => (a, b),
+        None => (rest, ""),
+    }
+}
+
+fn pool_settings() -> PoolSettings {
+    PoolSettings {
+        max_connections: 4,
+        min_connections: 0,
+        acquire_timeout: Duration::from_secs(10),
+        idle_timeout: None,
+    }
+}
+
+/// A running bloomgate, stopped when dropped.
+pub struct TestProxy {
+    /// Data-plane address.
+    pub data: SocketAddr,
+    /// Admin-plane address.
+    pub admin: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    client: HttpClient,
+}
+
+impl TestProxy {
+    /// Starts bloomgate with `toml` (listen addresses replaced by 127.0.0.1:0).
+    pub async fn spawn(toml: &str) -> TestProxy {
+        let mut config = Config::from_toml_str(toml).expect("valid test config");
+        config.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        let app = App::bind(config).await.expect("bind");
+        let (data, admin) = (app.data_addr(), app.admin_addr());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(app.run(async {
+            let _ = stopped.await;
+        }));
+        TestProxy {
+            data,
+            admin,
+            stop: Some(stop),
+            task: Some(task),
+            client: HttpClient::new(),
+        }
+    }
+
+    /// Starts bloomgate and waits until `/readyz` says every filter is loaded.
+    pub async fn spawn_ready(toml: &str) -> TestProxy {
+        let proxy = Self::spawn(toml).await;
+        proxy.wait_ready(Duration::from_secs(60)).await;
+        proxy
+    }
+
+    /// Polls `/readyz` until 200, failing the test after `limit`.
+    pub async fn wait_ready(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let r = self.admin_get("/readyz").await;
+            if r.status == StatusCode::OK {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not ready after {limit:?}: {}",
+                r.text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// GET on the data plane.
+    pub async fn get(&self, path_and_query: &str) -> Reply {
+        self.client
+            .send(
+                Method::GET,
+                &format!("http://{}{path_and_query}", self.data),
+                &[],
+                Bytes::new(),
+            )
+            .await
+    }
+
+    /// GET on the admin plane.
+    pub async fn admin_get(&self, path: &str) -> Reply {
+        self.client
+            .send(
+                Method::GET,
+                &format!("http://{}{path}", self.admin),
+                &[],
+                Bytes::new(),
+            )
+            .await
+    }
+
+    /// POST on the admin plane with an optional bearer token.
+    pub async fn admin_post(&self, path: &str, token: Option<&str>, body: &str) -> Reply {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        self.client
+            .send(
+                Method::POST,
+                &format!("http://{}{path}", self.admin),
+                &headers,
+                Bytes::from(body.to_owned()),
+            )
+            .await
+    }
+
+    /// The value of one sample in `/metrics`, e.g. `bloomgate_requests_total{outcome="intercepted",route="r"}`.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self.admin_get("/metrics").await.text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// The shared client.
+    pub fn client(&self) -> &HttpClient {
+        &self.client
+    }
+}
+
+impl Drop for TestProxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A response read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// The `x-bloomgate` header ("" when absent).
+    pub fn stage(&self) -> &str {
+        self.headers
+            .get("x-bloomgate")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// A keep-alive HTTP/1.1 client.
+#[derive(Clone)]
+pub struct HttpClient {
+    inner: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl HttpClient {
+    /// A client with a pool big enough for the concurrent tests.
+    pub fn new() -> HttpClient {
+        HttpClient {
+            inner: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(256)
+                .build_http(),
+        }
+    }
+
+    /// Sends a request and reads the whole response.
+    pub async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Reply {
+        let mut req = Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(body)).expect("request");
+        let resp = tokio::time::timeout(Duration::from_secs(30), self.inner.request(req))
+            .await
+            .unwrap_or_else(|_| panic!("no answer from {url} in 30s"))
+            .unwrap_or_else(|e| panic!("request to {url} failed: {e:?}"));
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("read body").to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+}
+
+/// What the stub upstream last saw on `/echo`.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub method: String,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+}
+
+/// A real upstream API, written for the tests. Routes:
+/// - `GET /api/products/{id}` and `GET /api/product/info?sku_id=…`: 200 JSON if the key
+///   is in `keys`, else 404; each counted in `product_hits`.
+/// - `GET /slow/{ms}`: answers after `ms` milliseconds.
+/// - `POST|PUT /echo…`: streams the request body back in chunks; records what it saw.
+pub struct StubUpstream {
+    pub addr: SocketAddr,
+    pub state: Arc<StubState>,
+    stop: watch::Sender<bool>,
+}
+
+/// Shared state of the stub.
+#[derive(Default)]
+pub struct StubState {
+    pub keys: Mutex<HashSet<u64>>,
+    pub product_hits: AtomicU64,
+    pub seen: Mutex<Option<Seen>>,
+    pub fail_with_500: AtomicBool,
+}
+
+impl StubUpstream {
+    /// Starts the stub on 127.0.0.1:0 with the given product keys.
+    pub async fn start(keys: impl IntoIterator<Item = u64>) -> StubUpstream {
+        let state = Arc::new(StubState::default());
+        state.keys.lock().expect("lock").extend(keys);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind stub");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = watch::channel(false);
+        let options = ServeOptions {
+            header_read_timeout: Duration::from_secs(10),
+            grace: Duration::from_secs(1),
+        };
+        tokio::spawn(server::serve(
+            listener,
+            Arc::new(StubHandler(Arc::clone(&state))),
+            options,
+            stopped,
+            "stub",
+        ));
+        StubUpstream { addr, state, stop }
+    }
+
+    /// Product requests served so far.
+    pub fn hits(&self) -> u64 {
+        self.state.product_hits.load(Ordering::SeqCst)
+    }
+
+    /// `http://addr`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for StubUpstream {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+struct StubHandler(Arc<StubState>);
+
+type StubBody = http_body_util::Either<Full<Bytes>, StreamBody<tokio_stream_like::Chunks>>;
+
+impl Handler for StubHandler {
+    type Body = StubBody;
+
+    async fn call(&self, req: Request<Incoming>, _peer: SocketAddr) -> Response<StubBody> {
+        let path = req.uri().path().to_owned();
+        let query = req.uri().query().unwrap_or("").to_owned();
+        let full = |status: StatusCode, body: String| {
+            let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(body))));
+            *r.status_mut() = status;
+            r.headers_mut().insert(
+                "content-type",
+                http::HeaderValue::from_static("application/json"),
+            );
+            r
+        };
+        if path.starts_with("/echo") {
+            *self.0.seen.lock().expect("lock") = Some(Seen {
+                method: req.method().to_string(),
+                path_and_query: req
+                    .uri()
+                    .path_and_query()
+                    .map(|p| p.to_string())
+                    .unwrap_or_default(),
+                headers: req.headers().clone(),
+            });
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let mut r = Response::new(http_body_util::Either::Right(StreamBody::new(
+                tokio_stream_like::Chunks::new(body, 1024),
+            )));
+            r.headers_mut()
+                .insert("x-upstream", http::HeaderValue::from_static("stub"));
+            r.headers_mut()
+                .insert("connection", http::HeaderValue::from_static("x-drop-me"));
+            r.headers_mut()
+                .insert("x-drop-me", http::HeaderValue::from_static("1"));
+            return r;
+        }
+        if let Some(ms) = path
+            .strip_prefix("/slow/")
+            .and_then(|m| m.parse::<u64>().ok())
+        {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            return full(StatusCode::OK, format!("{{\"slept_ms\":{ms}}}"));
+        }
+        let key = if let Some(id) = path.strip_prefix("/api/products/") {
+            id.parse::<u64>().ok()
+        } else if path == "/api/product/info" {
+            form_urlencoded::parse(query.as_bytes())
+                .find(|(k, _)| k == "sku_id")
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+        } else {
+            return full(StatusCode::NOT_FOUND, "{\"error\":\"no route\"}".into());
+        };
+        self.0.product_hits.fetch_add(1, Ordering::SeqCst);
+        if self.0.fail_with_500.load(Ordering::SeqCst) {
+            return full(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "{\"error\":\"boom\"}".into(),
+            );
+        }
+        match key {
+            Some(k) if self.0.keys.lock().expect("lock").contains(&k) => full(
+                StatusCode::OK,
+                format!("{{\"sku_id\":{k},\"source\":\"upstream\"}}"),
+            ),
+            _ => full(StatusCode::NOT_FOUND, "{\"error\":\"not found\"}".into()),
+        }
+    }
+}
+
+/// A tiny stream of body chunks, so the stub's answer is really streamed.
+pub mod tokio_stream_like {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use futures_util::Stream;
+    use hyper::body::Frame;
+
+    /// Yields `body` in pieces of `size` bytes.
+    pub struct Chunks {
+        body: Bytes,
+        size: usize,
+    }
+
+    impl Chunks {
+        /// Splits `body` into chunks of `size`.
+        pub fn new(body: Bytes, size: usize) -> Chunks {
+            Chunks { body, size }
+        }
+    }
+
+    impl Stream for Chunks {
+        type Item = Result<Frame<Bytes>, std::convert::Infallible>;
+
+        fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            if self.body.is_empty() {
+                return Poll::Ready(None);
+            }
+            let n = self.size.min(self.body.len());
+            let chunk = self.body.split_to(n);
+            Poll::Ready(Some(Ok(Frame::data(chunk))))
+        }
+    }
+}
+
+/// A TCP relay in front of MariaDB that can refuse service ("down") or forward ("up").
+pub struct Relay {
+    pub addr: SocketAddr,
+    up: Arc<AtomicBool>,
+}
+
+impl Relay {
+    /// Starts a relay to `target` (host:port), initially down.
+    pub async fn start(target: String) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let addr = listener.local_addr().expect("addr");
+        let up = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&up);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !flag.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Relay { addr, up }
+    }
+
+    /// Starts forwarding.
+    pub fn bring_up(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// host:port of a `mysql://user:pw@host:port` server URL.
+pub fn host_port(server: &str) -> String {
+    let (auth, _) = split_url(server);
+    auth.rsplit('@').next().unwrap_or(auth).to_owned()
+}
+
+/// Runs `f` over `items` with at most `concurrency` in flight; returns results in order.
+pub async fn concurrently<T, R, F, Fut>(items: Vec<T>, concurrency: usize, f: F) -> Vec<R>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(T) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    let f = Arc::new(f);
+    futures_util::stream::iter(items.into_iter().map(|item| {
+        let f = Arc::clone(&f);
+        async move { f(item).await }
+    }))
+    .buffered(concurrency)
+    .collect()
+    .await
+}
+
+/// A frame of data, for building request bodies in tests.
+pub fn data_frame(b: &'static [u8]) -> Frame<Bytes> {
+    Frame::data(Bytes::from_static(b))
+}
