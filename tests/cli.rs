@@ -1,0 +1,209 @@
+//! The real `bloomgate` binary: config errors name the field and exit 2, `check-config`
+//! validates without starting, and SIGTERM drains in-flight requests before exiting 0.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::StubUpstream;
+
+const BIN: &str = env!("CARGO_BIN_EXE_bloomgate");
+
+const VALID: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[database]
+url = "sqlite://data/never-opened.db"
+[filters.products]
+source_query = "SELECT sku_id FROM products"
+expected_items = 1000
+[[routes]]
+path = "/api/products/{id}"
+key = { segment = "id" }
+filter = "products"
+origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }
+"#;
+
+fn write_config(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bloomgate-cli-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run bloomgate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn check_config_accepts_the_shipped_examples() {
+    for file in ["config.toml", "config.compose.toml"] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file);
+        let (code, out) = run(
+            &[
+                "check-config",
+                "--config",
+                path.to_str().unwrap_or_default(),
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{file}: {out}");
+        assert!(out.contains("ok"), "{out}");
+    }
+}
+
+#[test]
+fn bad_configs_are_refused_with_the_field_named_and_exit_2() {
+    let cases = [
+        (
+            "unknown field",
+            VALID.replace("[server]", "[server]\nlisten_addr = \"x\""),
+            "listen_addr",
+        ),
+        (
+            "bad duration",
+            format!("{VALID}\n[cache]\nnegative_ttl = \"thirty seconds\"\n"),
+            "cache.negative_ttl",
+        ),
+        (
+            "missing lookup query",
+            VALID.replace(
+                r#"origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }"#,
+                r#"origin = { kind = "sql" }"#,
+            ),
+            "query",
+        ),
+        (
+            "lookup query without placeholder",
+            VALID.replace("sku_id = ?", "sku_id = 1"),
+            "routes[0].origin.query",
+        ),
+    ];
+    for (what, text, field) in cases {
+        let path = write_config("bad.toml", &text);
+        let p = path.to_str().unwrap_or_default();
+        for cmd in ["check-config", "serve"] {
+            let (code, out) = run(&[cmd, "--config", p], &[]);
+            assert_eq!(code, 2, "{what} via {cmd}: exit {code}: {out}");
+            assert!(
+                out.contains(field),
+                "{what} via {cmd}: `{field}` not named in: {out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn environment_variables_override_the_file() {
+    let path = write_config("ok.toml", VALID);
+    let p = path.to_str().unwrap_or_default();
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__CACHE__TTL", "soon")],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("cache.ttl"), "{out}");
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__FILTERS__PRODUCTS__FALSE_POSITIVE_RATE", "2")],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("filters.products.false_positive_rate"),
+        "{out}"
+    );
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__CACHE__TTL", "90s")],
+    );
+    assert_eq!(code, 0, "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_requests_then_exits_0() {
+    let stub = StubUpstream::start([]).await;
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[upstream]\nurl = \"{}\"\ntimeout = \"5s\"\n",
+        stub.url()
+    );
+    let path = write_config("term.toml", &config);
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--config",
+            path.to_str().unwrap_or_default(),
+            "--log-format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start bloomgate");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let data = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("bloomgate logged its address");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
+        if let Some(addr) = v["fields"]["data"].as_str() {
+            break addr.to_owned();
+        }
+    };
+    let client = support::HttpClient::new();
+    let url = format!("http://{data}/slow/1500");
+    let in_flight = tokio::spawn(async move {
+        client
+            .send(http::Method::GET, &url, &[], bytes::Bytes::new())
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let pid = child.id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let reply = in_flight.await.expect("join");
+    assert_eq!(reply.status.as_u16(), 200, "in-flight request finished");
+    assert_eq!(reply.stage(), "bypass");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s.code();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bloomgate did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(0));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // New connections are refused once it has stopped.
+    assert!(std::net::TcpStream::connect(&data).is_err());
+}

@@ -1,0 +1,336 @@
+//! The upstream origin, pass-through, fail-open at start-up and the header-read timeout,
+//! with the filter loaded from a real MariaDB and a real upstream written in the test.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bloomgate::db::{demo_absent_sku, demo_sku};
+use bytes::Bytes;
+use http::Method;
+use support::{Relay, StubUpstream, TestDb, TestProxy, concurrently, host_port, mysql_url};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn config(db_url: &str, upstream: &str, expected: u64) -> String {
+    format!(
+        r#"
+[server]
+header_read_timeout = "1s"
+max_body_bytes = 65536
+[upstream]
+url = "{upstream}"
+timeout = "500ms"
+[database]
+url = "{db_url}"
+[filters.products]
+source_query = "SELECT sku_id FROM products"
+expected_items = {expected}
+false_positive_rate = 0.01
+load_retry_initial = "100ms"
+load_retry_max = "500ms"
+[[routes]]
+name = "info"
+path = "/api/product/info"
+key = {{ query = "sku_id" }}
+filter = "products"
+origin = {{ kind = "upstream" }}
+[[routes]]
+name = "slow"
+path = "/slow/{{ms}}"
+key = {{ segment = "ms" }}
+filter = "products"
+origin = {{ kind = "upstream" }}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_origin_caches_found_keys_and_keeps_absent_ones_away() {
+    let Some(server) = mysql_url() else { return };
+    const N: u64 = 5_000;
+    let db = TestDb::create(&server, N).await;
+    let stub = StubUpstream::start((0..N).map(demo_sku)).await;
+    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), N)).await;
+
+    let present = demo_sku(3);
+    let r = proxy
+        .get(&format!("/api/product/info?sku_id={present}"))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.stage()),
+        (200, "miss"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.json()["source"], "upstream");
+    assert_eq!(r.headers["content-type"], "application/json");
+    let r = proxy
+        .get(&format!("/api/product/info?sku_id={present}"))
+        .await;
+    assert_eq!((r.status.as_u16(), r.stage()), (200, "hit"));
+    assert_eq!(stub.hits(), 1);
+
+    // 100 concurrent misses for one key: one upstream request.
+    let key = demo_sku(4);
+    let client = proxy.client().clone();
+    let url = format!("http://{}/api/product/info?sku_id={key}", proxy.data);
+    let replies = concurrently((0..100).collect(), 100, move |_: u32| {
+        let (client, url) = (client.clone(), url.clone());
+        async move { client.send(Method::GET, &url, &[], Bytes::new()).await }
+    })
+    .await;
+    assert!(replies.iter().all(|r| r.status.as_u16() == 200));
+    assert_eq!(
+        stub.hits(),
+        2,
+        "100 concurrent misses made one upstream call"
+    );
+
+    // Absent keys: at most about p reach the upstream.
+    const ABSENT: u64 = 10_000;
+    let before = stub.hits();
+    let client = proxy.client().clone();
+    let data = proxy.data;
+    let replies = concurrently((0..ABSENT).collect(), 64, move |i| {
+        let client = client.clone();
+        async move {
+            let url = format!(
+                "http://{data}/api/product/info?sku_id={}",
+                demo_absent_sku(i)
+            );
+            client
+                .send(Method::GET, &url, &[], Bytes::new())
+                .await
+                .status
+                .as_u16()
+        }
+    })
+    .await;
+    assert!(replies.iter().all(|s| *s == 404));
+    let reached = stub.hits() - before;
+    eprintln!("upstream origin: {reached} of {ABSENT} absent-key requests reached the upstream");
+    assert!(
+        reached <= (1.3 * 0.01 * ABSENT as f64) as u64,
+        "{reached} reached the upstream"
+    );
+
+    // An upstream 5xx is passed on as 502 and not cached.
+    stub.state
+        .fail_with_500
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let k = demo_sku(5);
+    let r = proxy.get(&format!("/api/product/info?sku_id={k}")).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (502, "error"));
+    stub.state
+        .fail_with_500
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let r = proxy.get(&format!("/api/product/info?sku_id={k}")).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (200, "miss"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_upstream_answers_504() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 0).await;
+    // The slow route's keys are the delay in ms; make 2000 a present key.
+    db.insert_product(2_000).await;
+    let stub = StubUpstream::start([]).await;
+    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), 100)).await;
+    let started = Instant::now();
+    let r = proxy.get("/slow/2000").await;
+    assert_eq!(r.status.as_u16(), 504, "{}", r.text());
+    assert!(started.elapsed() < Duration::from_millis(1_800));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_open_while_the_database_is_down_and_recovers_without_restart() {
+    let Some(server) = mysql_url() else { return };
+    const N: u64 = 2_000;
+    let db = TestDb::create(&server, N).await;
+    let relay = Relay::start(host_port(&server)).await;
+    let stub = StubUpstream::start((0..N).map(demo_sku)).await;
+    let proxy = TestProxy::spawn(&config(&db.url_via(relay.addr), &stub.url(), N)).await;
+
+    let r = proxy.admin_get("/readyz").await;
+    assert_eq!(r.status.as_u16(), 503, "{}", r.text());
+    assert_eq!(r.json()["loading"][0], "products");
+    let r = proxy.admin_get("/healthz").await;
+    assert_eq!(r.status.as_u16(), 200);
+
+    // Guarded requests go through to the origin instead of being refused.
+    let present = demo_sku(9);
+    let r = proxy
+        .get(&format!("/api/product/info?sku_id={present}"))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.stage()),
+        (200, "fail-open"),
+        "{}",
+        r.text()
+    );
+    let absent = demo_absent_sku(9);
+    let r = proxy
+        .get(&format!("/api/product/info?sku_id={absent}"))
+        .await;
+    assert_eq!((r.status.as_u16(), r.stage()), (404, "fail-open"));
+    assert_eq!(stub.hits(), 2);
+    assert_eq!(
+        proxy
+            .metric("bloomgate_requests_total{outcome=\"fail_open\",route=\"info\"}")
+            .await,
+        2.0
+    );
+    assert_eq!(
+        proxy
+            .metric("bloomgate_filter_ready{filter=\"products\"}")
+            .await,
+        0.0
+    );
+    // Pass-through keeps working too.
+    let r = proxy.get("/echo/x").await;
+    assert_eq!(r.stage(), "bypass");
+
+    // Let a few load attempts fail, then bring the database up: the loader retries
+    // with backoff and the gate becomes ready without a restart.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy
+        .metric("bloomgate_filter_loads_total{filter=\"products\",result=\"error\"}")
+        .await
+        < 2.0
+    {
+        assert!(Instant::now() < deadline, "load attempts were not retried");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.bring_up();
+    proxy.wait_ready(Duration::from_secs(30)).await;
+    assert_eq!(
+        proxy
+            .metric("bloomgate_filter_ready{filter=\"products\"}")
+            .await,
+        1.0
+    );
+
+    let absent = demo_absent_sku(10);
+    let r = proxy
+        .get(&format!("/api/product/info?sku_id={absent}"))
+        .await;
+    assert_eq!(r.status.as_u16(), 404);
+    assert!(["intercepted", "miss"].contains(&r.stage()));
+    let r = proxy
+        .get(&format!("/api/product/info?sku_id={}", demo_sku(11)))
+        .await;
+    assert_eq!((r.status.as_u16(), r.stage()), (200, "miss"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pass_through_forwards_bodies_and_headers_both_ways() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 10).await;
+    let stub = StubUpstream::start([]).await;
+    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), 10)).await;
+
+    let body: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+    let r = proxy
+        .client()
+        .send(
+            Method::POST,
+            &format!("http://{}/echo/orders?x=1&y=%20", proxy.data),
+            &[
+                ("content-type", "application/octet-stream"),
+                ("connection", "x-hop"),
+                ("x-hop", "must not pass"),
+                ("x-custom", "kept"),
+                ("x-forwarded-for", "203.0.113.7"),
+            ],
+            Bytes::from(body.clone()),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 200);
+    assert_eq!(r.stage(), "bypass");
+    assert_eq!(
+        r.body.as_ref(),
+        body.as_slice(),
+        "the streamed answer is the body sent"
+    );
+    assert_eq!(r.headers["x-upstream"], "stub");
+    assert!(
+        r.headers.get("x-drop-me").is_none(),
+        "Connection-named response header removed"
+    );
+    assert!(
+        r.headers["via"]
+            .to_str()
+            .unwrap_or("")
+            .contains("bloomgate")
+    );
+
+    let seen = stub
+        .state
+        .seen
+        .lock()
+        .expect("lock")
+        .clone()
+        .expect("upstream saw the request");
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.path_and_query, "/echo/orders?x=1&y=%20");
+    assert_eq!(seen.headers["x-custom"], "kept");
+    assert!(
+        seen.headers.get("x-hop").is_none(),
+        "Connection-named request header removed"
+    );
+    assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen.headers["x-forwarded-proto"], "http");
+    assert!(
+        seen.headers["via"]
+            .to_str()
+            .unwrap_or("")
+            .contains("1.1 bloomgate")
+    );
+
+    // Methods other than GET/HEAD on a guarded path pass through too (writes).
+    let r = proxy
+        .client()
+        .send(
+            Method::PUT,
+            &format!("http://{}/echo", proxy.data),
+            &[],
+            Bytes::from_static(b"w"),
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), r.stage()), (200, "bypass"));
+
+    // Bodies over the limit are refused with 413.
+    let big = Bytes::from(vec![b'x'; 70_000]);
+    let r = proxy
+        .client()
+        .send(
+            Method::POST,
+            &format!("http://{}/echo", proxy.data),
+            &[],
+            big,
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 413, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 10).await;
+    let stub = StubUpstream::start([]).await;
+    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), 10)).await;
+    let mut conn = tokio::net::TcpStream::connect(proxy.data)
+        .await
+        .expect("connect");
+    conn.write_all(b"GET /api/product/info?sku_id=1 HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut buf)).await;
+    assert!(
+        read.is_ok(),
+        "connection still open after 5s with a 1s header timeout"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+}
