@@ -187,16 +187,22 @@ impl Admin {
             Err(refusal) => return refusal.into_response(),
         };
         let mut added = 0u64;
+        let mut pending = 0u64;
         let mut invalid = Vec::new();
         let rule = gate.normalize_rule().clone();
         for raw_key in &raw {
             match normalize(&rule, Cow::Borrowed(raw_key.as_str())) {
                 Ok(key) => {
-                    gate.add_key(&key);
+                    // Before the first load there is no filter to add to: the load reads
+                    // the key from the source, if it is there.
+                    if gate.add_key(&key) {
+                        added += 1;
+                    } else {
+                        pending += 1;
+                    }
                     self.proxy
                         .invalidate(Some(gate.name()), &key.to_owned_key())
                         .await;
-                    added += 1;
                 }
                 Err(e) => invalid.push(json!({"key": raw_key, "error": e.code()})),
             }
@@ -204,12 +210,13 @@ impl Admin {
         tracing::info!(
             filter = gate.name(),
             added,
+            pending,
             invalid = invalid.len(),
             "keys added through the admin API"
         );
         json_response(
             StatusCode::OK,
-            &json!({"filter": gate.name(), "added": added, "invalid": invalid}),
+            &json!({"filter": gate.name(), "added": added, "not_loaded_yet": pending, "invalid": invalid}),
         )
     }
 

@@ -33,7 +33,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::pool::PoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
-use sqlx::{AssertSqlSafe, Connection, SqlSafeStr};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, SqlSafeStr};
 
 pub use seed::{demo_absent_sku, demo_sku};
 
@@ -153,13 +153,17 @@ impl Db {
     pub fn connect_lazy(url: &str, settings: &PoolSettings) -> Result<Db, DbError> {
         match url_scheme(url).as_deref() {
             Some("mysql" | "mariadb") => {
+                // sqlx's own statement logs are off: a full filter load is one long
+                // statement by design, and lookup latency is in the origin histogram.
                 let options = MySqlConnectOptions::from_str(url)
-                    .map_err(|e| DbError::UnsupportedUrl(format!("invalid MySQL URL: {e}")))?;
+                    .map_err(|e| DbError::UnsupportedUrl(format!("invalid MySQL URL: {e}")))?
+                    .disable_statement_logging();
                 Ok(Db::MySql(pool_options(settings).connect_lazy_with(options)))
             }
             Some("sqlite") => {
                 let options = SqliteConnectOptions::from_str(url)
                     .map_err(|e| DbError::UnsupportedUrl(format!("invalid SQLite URL: {e}")))?
+                    .disable_statement_logging()
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal)

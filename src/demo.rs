@@ -105,9 +105,14 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     } else {
         println!("{} already holds the demo products", opts.db_path.display());
     }
+    // Size the gate from what the table holds (it may have been seeded with another count).
+    let rows = db
+        .count_rows("SELECT sku_id FROM products")
+        .await
+        .context("counting demo products")?;
     db.close().await;
 
-    let config = Config::from_toml_str_with_env(&demo_config_toml(&opts, opts.products.max(1000)))?;
+    let config = Config::from_toml_str_with_env(&demo_config_toml(&opts, rows.max(1000)))?;
     let app = App::bind(config).await?;
     let data = app.data_addr();
     let admin = app.admin_addr();

@@ -11,9 +11,9 @@ use crate::config::Normalize;
 /// Why a raw key was refused. Every variant becomes a 400 before any lookup.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    /// The query parameter or path segment is absent.
-    #[error("the key parameter `{0}` is missing")]
-    Missing(&'static str),
+    /// The query parameter (named from the config) is absent.
+    #[error("the query parameter `{0}` is missing")]
+    Missing(String),
     /// Present but empty after trimming.
     #[error("the key is empty")]
     Empty,

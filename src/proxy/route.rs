@@ -108,21 +108,14 @@ impl PathPattern {
             KeySource::Segment(_) => percent_decode_str(segment)
                 .decode_utf8()
                 .map_err(|_| KeyError::InvalidCharacters),
-            KeySource::Query(name) => {
-                let query = query.ok_or(KeyError::Missing(self.param_name()))?;
-                form_urlencoded::parse(query.as_bytes())
-                    .find(|(k, _)| k == name.as_str())
-                    .map(|(_, v)| v)
-                    .ok_or(KeyError::Missing(self.param_name()))
-            }
-        }
-    }
-
-    /// `"query"` or `"segment"`: a fixed word, since error messages must not echo input.
-    fn param_name(&self) -> &'static str {
-        match self.key {
-            KeySource::Query(_) => "query",
-            KeySource::Segment(_) => "segment",
+            KeySource::Query(name) => query
+                .and_then(|q| {
+                    form_urlencoded::parse(q.as_bytes())
+                        .find(|(k, _)| k == name.as_str())
+                        .map(|(_, v)| v)
+                })
+                // The name comes from the config, never from the request.
+                .ok_or_else(|| KeyError::Missing(name.clone())),
         }
     }
 }
@@ -156,8 +149,11 @@ mod tests {
             p.raw_key("", Some("a=1&sku_id=12%33")).as_deref(),
             Ok("123")
         );
-        assert_eq!(p.raw_key("", Some("a=1")), Err(KeyError::Missing("query")));
-        assert_eq!(p.raw_key("", None), Err(KeyError::Missing("query")));
+        assert_eq!(
+            p.raw_key("", Some("a=1")),
+            Err(KeyError::Missing("sku_id".into()))
+        );
+        assert_eq!(p.raw_key("", None), Err(KeyError::Missing("sku_id".into())));
     }
 
     #[test]
