@@ -64,7 +64,7 @@ impl Handler for Admin {
                 };
                 match *action {
                     "rebuild" => {
-                        gate.request_rebuild();
+                        gate.request_rebuild(crate::gate::RebuildReason::Requested);
                         json_response(
                             StatusCode::ACCEPTED,
                             &json!({"filter": gate.name(), "rebuild": "requested"}),

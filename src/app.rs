@@ -21,6 +21,7 @@ use crate::gate::Gate;
 use crate::metrics::Metrics;
 use crate::origin::Origin;
 use crate::proxy::route::PathPattern;
+use crate::proxy::write_through::WriteThrough;
 use crate::proxy::{GuardedRoute, Proxy, ProxyBody};
 use crate::server::{self, Handler, ServeOptions};
 use crate::upstream::Upstream;
@@ -158,7 +159,22 @@ impl App {
                 origin,
                 negative_ttl: r.negative_ttl.unwrap_or(config.cache.negative_ttl),
                 metrics: metrics.route(&label),
+                mode: r.mode,
+                logged_false_negatives: std::sync::Mutex::new(std::collections::HashSet::new()),
             });
+        }
+        let mut write_through = Vec::with_capacity(config.write_through.len());
+        for (i, w) in config.write_through.iter().enumerate() {
+            let fail = |reason: String| AppError::Route {
+                route: format!("write_through[{i}]"),
+                reason,
+            };
+            let gate = gates
+                .get(&w.filter)
+                .cloned()
+                .ok_or_else(|| fail(format!("no filter `{}`", w.filter)))?;
+            let added = metrics.write_through(&w.filter);
+            write_through.push(WriteThrough::new(w, gate, added).map_err(fail)?);
         }
 
         let proxy = Arc::new(Proxy::new(
@@ -167,6 +183,7 @@ impl App {
             upstream,
             config.server.max_body_bytes,
             metrics.passthrough(),
+            write_through,
         ));
         let admin_handler = Arc::new(Admin {
             gates: gates.clone(),
@@ -210,6 +227,11 @@ impl App {
         if let Some(db) = &self.db {
             for gate in &self.gates {
                 loaders.push(tokio::spawn(Arc::clone(gate).run_loader(db.clone())));
+                loaders.push(tokio::spawn(crate::sync::run(
+                    Arc::clone(gate),
+                    Arc::clone(&self.proxy),
+                    db.clone(),
+                )));
             }
         }
         tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),

@@ -182,6 +182,11 @@ impl ResponseCache {
         self.negative.invalidate(key).await;
     }
 
+    /// Drops a negative entry for `key`, leaving a positive one alone.
+    pub async fn invalidate_negative(&self, key: &CacheKey) {
+        self.negative.invalidate(key).await;
+    }
+
     /// Approximate entry counts: (positive, negative).
     pub fn entry_counts(&self) -> (u64, u64) {
         (self.positive.entry_count(), self.negative.entry_count())

@@ -66,6 +66,9 @@ pub struct Config {
     /// Guarded routes, matched in order.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// Writes passing through to the upstream whose success adds a key to a filter.
+    #[serde(default)]
+    pub write_through: Vec<WriteThroughConfig>,
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
@@ -216,6 +219,69 @@ pub struct FilterConfig {
     /// Longest wait between load attempts.
     #[serde(default = "default_retry_max", with = "humantime_serde")]
     pub load_retry_max: Duration,
+    /// Incremental sync of new keys between full builds. Without it keys only arrive
+    /// through rebuilds, write-through and the admin API.
+    #[serde(default)]
+    pub sync: Option<SyncConfig>,
+    /// Period of full rebuilds from `source_query` (how deleted keys leave the filter).
+    /// Without it, rebuilds happen on demand and when capacity runs out.
+    #[serde(default, with = "humantime_serde")]
+    pub rebuild_interval: Option<Duration>,
+    /// Share of capacity at which a warning is logged (once per crossing).
+    #[serde(default = "default_capacity_warn")]
+    pub capacity_warn_ratio: f64,
+    /// The filter is saved here after each build and loaded from here at start-up.
+    #[serde(default)]
+    pub snapshot_path: Option<std::path::PathBuf>,
+}
+
+/// Incremental sync: a query polled on an interval that returns keys changed since a
+/// watermark.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncConfig {
+    /// Two columns, the key and the watermark, with one `?` bound to the watermark, e.g.
+    /// `SELECT sku_id, updated_at FROM products WHERE updated_at >= ?`.
+    pub query: String,
+    /// What the watermark column holds.
+    #[serde(default)]
+    pub watermark: WatermarkKind,
+    /// Returns the watermark to start from just before a full build (one row, one column),
+    /// e.g. `SELECT MAX(id) FROM products`. Required for integer watermarks; timestamp
+    /// watermarks default to bloomgate's clock at the start of the build.
+    #[serde(default)]
+    pub start_query: Option<String>,
+    /// How often the query runs.
+    #[serde(default = "default_sync_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Each poll reaches back this far before the watermark (timestamp watermarks), so
+    /// rows committed late or stamped by a skewed clock are not missed.
+    #[serde(default = "default_sync_overlap", with = "humantime_serde")]
+    pub overlap: Duration,
+    /// Each poll reaches back this many ids before the watermark (integer watermarks).
+    #[serde(default)]
+    pub overlap_ids: u64,
+}
+
+/// The type of the sync watermark column.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WatermarkKind {
+    /// A TIMESTAMP/DATETIME column, compared in UTC.
+    #[default]
+    Timestamp,
+    /// An integer column such as an auto-increment id.
+    Integer,
+}
+
+fn default_capacity_warn() -> f64 {
+    0.85
+}
+fn default_sync_interval() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_sync_overlap() -> Duration {
+    Duration::from_secs(10)
 }
 
 fn default_fpp() -> f64 {
@@ -275,6 +341,56 @@ pub struct RouteConfig {
     /// Negative TTL for this route, overriding `cache.negative_ttl`.
     #[serde(default, with = "humantime_serde")]
     pub negative_ttl: Option<Duration>,
+    /// `enforce` (refuse keys the gate calls absent) or `shadow` (only count them).
+    #[serde(default)]
+    pub mode: RouteMode,
+}
+
+/// Whether a route acts on the gate's verdict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteMode {
+    /// "Definitely absent" answers 404 at once.
+    #[default]
+    Enforce,
+    /// The verdict is counted (`would_intercept`) but every request goes on to the cache
+    /// and origin; a key the origin finds after the gate called it absent is a false
+    /// negative. For rolling out safely.
+    Shadow,
+}
+
+/// A write that, when the upstream accepts it, adds a key to a filter at once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteThroughConfig {
+    /// Path pattern of the write, with at most one `{param}` segment.
+    pub path: String,
+    /// Methods that count as writes.
+    #[serde(default = "default_write_methods")]
+    pub methods: Vec<String>,
+    /// Upstream statuses that mean success; empty means any 2xx.
+    #[serde(default)]
+    pub statuses: Vec<u16>,
+    /// The filter that receives the key.
+    pub filter: String,
+    /// Where the new key is read from.
+    pub key: WriteKey,
+}
+
+fn default_write_methods() -> Vec<String> {
+    vec!["POST".into(), "PUT".into(), "PATCH".into()]
+}
+
+/// Where write-through reads the created key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum WriteKey {
+    /// The `{name}` segment of the request path: `{ segment = "id" }`.
+    Segment(String),
+    /// The last path segment of a response header such as `Location`: `{ header = "location" }`.
+    Header(String),
+    /// A field of the JSON response body, dotted for nesting: `{ json = "data.sku_id" }`.
+    Json(String),
 }
 
 impl RouteConfig {
@@ -481,6 +597,43 @@ impl Config {
                 },
             )?;
             validate_normalize(&f.normalize, &at("normalize"))?;
+            if !(f.capacity_warn_ratio > 0.0 && f.capacity_warn_ratio <= 1.0) {
+                return Err(ConfigError::invalid(
+                    at("capacity_warn_ratio"),
+                    "must be in (0, 1]",
+                ));
+            }
+            if f.rebuild_interval
+                .is_some_and(|d| d < Duration::from_secs(1))
+            {
+                return Err(ConfigError::invalid(
+                    at("rebuild_interval"),
+                    "must be at least 1s",
+                ));
+            }
+            if let Some(sync) = &f.sync {
+                let marks = sync.query.matches('?').count();
+                if marks != 1 {
+                    return Err(ConfigError::invalid(
+                        at("sync.query"),
+                        format!(
+                            "needs exactly one `?` placeholder for the watermark, found {marks}"
+                        ),
+                    ));
+                }
+                if sync.interval.is_zero() {
+                    return Err(ConfigError::invalid(
+                        at("sync.interval"),
+                        "must be greater than 0",
+                    ));
+                }
+                if sync.watermark == WatermarkKind::Integer && sync.start_query.is_none() {
+                    return Err(ConfigError::invalid(
+                        at("sync.start_query"),
+                        "integer watermarks need a start query, e.g. SELECT MAX(id) FROM products",
+                    ));
+                }
+            }
             if f.load_retry_initial.is_zero() || f.load_retry_max < f.load_retry_initial {
                 return Err(ConfigError::invalid(
                     at("load_retry_max"),
@@ -566,6 +719,42 @@ impl Config {
                 if ttl.is_some_and(|t| t.is_zero()) {
                     return Err(ConfigError::invalid(at(field), "must be greater than 0"));
                 }
+            }
+        }
+        for (i, w) in self.write_through.iter().enumerate() {
+            let at = |field: &str| format!("write_through[{i}].{field}");
+            crate::proxy::route::PathPattern::parse_write(&w.path, &w.key)
+                .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
+            if !self.filters.contains_key(&w.filter) {
+                return Err(ConfigError::invalid(
+                    at("filter"),
+                    format!("no filter named `{}` in [filters]", w.filter),
+                ));
+            }
+            if self.upstream.is_none() {
+                return Err(ConfigError::invalid(
+                    "upstream",
+                    "write_through needs [upstream]: writes pass through to it",
+                ));
+            }
+            if w.methods.is_empty() {
+                return Err(ConfigError::invalid(at("methods"), "must not be empty"));
+            }
+            if let Some(bad) = w
+                .methods
+                .iter()
+                .find(|m| http::Method::from_bytes(m.as_bytes()).is_err())
+            {
+                return Err(ConfigError::invalid(
+                    at("methods"),
+                    format!("`{bad}` is not an HTTP method"),
+                ));
+            }
+            if let Some(bad) = w.statuses.iter().find(|s| !(100..=599).contains(*s)) {
+                return Err(ConfigError::invalid(
+                    at("statuses"),
+                    format!("{bad} is not an HTTP status"),
+                ));
             }
         }
         if self.cache.ttl.is_zero() || self.cache.negative_ttl.is_zero() {

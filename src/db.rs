@@ -13,6 +13,7 @@
 //! Files: `render.rs` turns values into JSON and key strings, `seed.rs` fills the demo
 //! `products` table.
 
+mod changes;
 mod render;
 mod seed;
 

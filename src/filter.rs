@@ -30,6 +30,8 @@
 //! an `insert` of the same key may see some of its bits and answer `false`; that is the
 //! answer it would have given had it run just before the insert.
 
+pub mod snapshot;
+
 use std::f64::consts::LN_2;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

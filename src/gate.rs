@@ -1,21 +1,25 @@
 //! The gate: the live Bloom filter of one named filter behind an `ArcSwapOption`, its
-//! verdict for a key, readiness, and the background loader that fills it from the source
-//! query (retrying with backoff while the database is down) and rebuilds it on request.
-//! Checking a key takes no lock and allocates nothing. The gate does not answer requests.
+//! verdict for a key, readiness, capacity tracking, and the sync watermark. Checking a
+//! key takes no lock and allocates nothing. Loading, rebuilding and snapshots live in
+//! `gate::build`; the gate does not answer requests.
 
-use std::borrow::Cow;
+mod build;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use serde::Serialize;
 use tokio::sync::Notify;
 
+pub use build::LoadError;
+
 use crate::config::{FilterConfig, Normalize};
-use crate::db::Db;
-use crate::filter::{BloomFilter, BloomParams, FilterStats};
-use crate::key::{KeyBytes, NormKey, normalize};
+use crate::filter::{BloomFilter, FilterStats};
+use crate::key::{KeyBytes, NormKey};
 use crate::metrics::FilterMetrics;
+use crate::watermark::Watermark;
 
 /// What the gate says about a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,36 +32,54 @@ pub enum Verdict {
     Unavailable,
 }
 
-/// Why a load failed.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// The filter could not be sized (config validation normally prevents this).
-    #[error("cannot size the filter: {0}")]
-    Params(#[from] crate::filter::FilterError),
-    /// The source query failed.
-    #[error("source query failed: {0}")]
-    Db(#[from] crate::db::DbError),
-}
-
-/// The result of the last load, for `/admin/filters`.
+/// The result of the last load or rebuild, for `/admin/filters`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LoadStatus {
     /// `"ok"`, `"error"`, or `"never"` before the first attempt finishes.
     pub result: &'static str,
+    /// How the live filter was obtained: `"source"` (a full build) or `"snapshot"`.
+    pub origin: Option<&'static str>,
+    /// Why the last build ran: `"startup"`, `"requested"`, `"scheduled"`, `"capacity"`.
+    pub reason: Option<&'static str>,
     /// Unix seconds when the last attempt finished.
     pub finished_at: Option<f64>,
     /// Duration of the last attempt.
     pub duration_ms: Option<u64>,
-    /// Source rows read by the last successful load.
+    /// Source rows read by the last successful build.
     pub rows: Option<u64>,
-    /// Rows whose key failed normalisation in the last successful load.
+    /// Rows whose key failed normalisation in the last successful build.
     pub skipped: Option<u64>,
     /// Message of the last failure, if the last attempt failed.
     pub error: Option<String>,
     /// Failed attempts since the last success.
     pub consecutive_failures: u32,
-    /// Whether a load is running now.
+    /// Whether a build is running now.
     pub loading: bool,
+}
+
+/// Why a rebuild was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RebuildReason {
+    /// The first build at start-up.
+    Startup,
+    /// `POST /admin/filters/{name}/rebuild`.
+    Requested,
+    /// `rebuild_interval` elapsed.
+    Scheduled,
+    /// Items exceeded capacity.
+    Capacity,
+}
+
+impl RebuildReason {
+    /// Label for logs and the admin API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RebuildReason::Startup => "startup",
+            RebuildReason::Requested => "requested",
+            RebuildReason::Scheduled => "scheduled",
+            RebuildReason::Capacity => "capacity",
+        }
+    }
 }
 
 /// One named filter and its lifecycle.
@@ -73,24 +95,40 @@ pub struct Gate {
     /// by `check`): without it a key added between "read live" and "swap" could miss the
     /// new filter.
     writers: Mutex<()>,
+    /// Capacity the next build is sized for; grows when items outrun it.
+    target_capacity: AtomicU64,
+    /// A capacity rebuild has been asked for and not started yet.
+    capacity_rebuild_pending: AtomicBool,
+    /// The warning threshold is currently crossed (so it is logged once per crossing).
+    capacity_warned: AtomicBool,
+    /// Wakes the loader for a rebuild.
     rebuild: Notify,
+    /// Why the next rebuild was asked for (the last request wins).
+    rebuild_reason: Mutex<RebuildReason>,
+    /// How far incremental sync has read; `None` before the first build or without sync.
+    watermark: Mutex<Option<Watermark>>,
     status: Mutex<LoadStatus>,
     metrics: FilterMetrics,
 }
 
 impl Gate {
-    /// A gate with no filter loaded (it fails open until [`Gate::load_until_ready`] succeeds).
+    /// A gate with no filter loaded (it fails open until its loader succeeds).
     pub fn new(name: &str, config: FilterConfig, metrics: FilterMetrics) -> Gate {
         metrics.set_ready(false);
         let source_query = Arc::from(config.source_query.as_str());
         Gate {
             name: Arc::from(name),
+            target_capacity: AtomicU64::new(config.expected_items),
             config,
             source_query,
             live: ArcSwapOption::empty(),
             building: ArcSwapOption::empty(),
             writers: Mutex::new(()),
+            capacity_rebuild_pending: AtomicBool::new(false),
+            capacity_warned: AtomicBool::new(false),
             rebuild: Notify::new(),
+            rebuild_reason: Mutex::new(RebuildReason::Requested),
+            watermark: Mutex::new(None),
             status: Mutex::new(LoadStatus {
                 result: "never",
                 ..LoadStatus::default()
@@ -109,6 +147,11 @@ impl Gate {
         &self.config.normalize
     }
 
+    /// The filter's configuration.
+    pub fn config(&self) -> &FilterConfig {
+        &self.config
+    }
+
     /// The verdict for a key's canonical bytes. Lock-free; no allocation.
     pub fn check(&self, key: &[u8]) -> Verdict {
         match self.live.load().as_deref() {
@@ -124,25 +167,57 @@ impl Gate {
     }
 
     /// Adds a key to the live filter and to one being built. Returns false if no filter
-    /// is loaded yet (the load in progress will read the key from the source instead).
+    /// is loaded yet (the load in progress reads the key from the source instead).
     pub fn add_key(&self, key: &NormKey<'_>) -> bool {
         let mut bytes = KeyBytes::new();
         let bytes = bytes.of(key);
-        let _guard = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = self.building.load().as_deref() {
-            b.insert(bytes);
-        }
-        match self.live.load().as_deref() {
-            Some(f) => {
-                f.insert(bytes);
-                true
+        let added = {
+            let _guard = lock(&self.writers);
+            if let Some(b) = self.building.load().as_deref() {
+                b.insert(bytes);
             }
-            None => false,
+            match self.live.load().as_deref() {
+                Some(f) => {
+                    f.insert(bytes);
+                    true
+                }
+                None => false,
+            }
+        };
+        if added {
+            self.watch_capacity();
+        }
+        added
+    }
+
+    /// Logs once per crossing of the warning threshold, and asks for a larger rebuild
+    /// when items exceed capacity (so the false-positive rate stays near its target).
+    fn watch_capacity(&self) {
+        let Some(stats) = self.stats() else { return };
+        let ratio = stats.items as f64 / stats.capacity.max(1) as f64;
+        if ratio >= self.config.capacity_warn_ratio {
+            if !self.capacity_warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(filter = %self.name, items = stats.items, capacity = stats.capacity,
+                    ratio, "filter is filling up; it is rebuilt larger once items exceed capacity");
+            }
+        } else {
+            self.capacity_warned.store(false, Ordering::Relaxed);
+        }
+        if stats.items > stats.capacity
+            && !self.capacity_rebuild_pending.swap(true, Ordering::AcqRel)
+        {
+            let next = stats.capacity.saturating_mul(2);
+            self.target_capacity.fetch_max(next, Ordering::AcqRel);
+            tracing::warn!(filter = %self.name, items = stats.items, capacity = stats.capacity,
+                new_capacity = next, "items exceed capacity; rebuilding at a larger capacity");
+            self.metrics.capacity_rebuild();
+            self.request_rebuild(RebuildReason::Capacity);
         }
     }
 
     /// Asks the loader for a full rebuild; the current filter keeps serving meanwhile.
-    pub fn request_rebuild(&self) {
+    pub fn request_rebuild(&self, reason: RebuildReason) {
+        *lock(&self.rebuild_reason) = reason;
         self.rebuild.notify_one();
     }
 
@@ -151,7 +226,20 @@ impl Gate {
         self.live.load().as_deref().map(BloomFilter::stats)
     }
 
-    /// Refreshes the filter gauges (called at scrape time).
+    /// The current sync watermark.
+    pub fn watermark(&self) -> Option<Watermark> {
+        *lock(&self.watermark)
+    }
+
+    /// Moves the sync watermark forward (never back).
+    pub fn advance_watermark(&self, to: Watermark) {
+        let mut w = lock(&self.watermark);
+        if w.is_none_or(|cur| to > cur) {
+            *w = Some(to);
+        }
+    }
+
+    /// Refreshes the filter gauges (called at scrape time and after changes).
     pub fn publish_metrics(&self) {
         if let Some(s) = self.stats() {
             self.metrics.set_stats(&s);
@@ -159,145 +247,29 @@ impl Gate {
         self.metrics.set_ready(self.is_ready());
     }
 
+    /// Metric handles of this filter.
+    pub fn metrics(&self) -> &FilterMetrics {
+        &self.metrics
+    }
+
     /// A copy of the last load's status.
     pub fn load_status(&self) -> LoadStatus {
-        self.status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// The configured capacity and target rate.
-    pub fn config(&self) -> &FilterConfig {
-        &self.config
-    }
-
-    /// Runs forever: loads the filter (retrying with exponential backoff while the source
-    /// is unavailable), then waits for rebuild requests. Abort the task to stop it.
-    pub async fn run_loader(self: Arc<Self>, db: Db) {
-        let mut delay = self.config.load_retry_initial;
-        loop {
-            match self.build_once(&db).await {
-                Ok(()) => break,
-                Err(e) => {
-                    let failures = self
-                        .status
-                        .lock()
-                        .map(|s| s.consecutive_failures)
-                        .unwrap_or(0);
-                    tracing::warn!(filter = %self.name, error = %e, retry_in_ms = delay.as_millis() as u64,
-                        failures, "filter load failed; requests fail open until it succeeds");
-                    tokio::time::sleep(jitter(delay)).await;
-                    delay = (delay * 2).min(self.config.load_retry_max);
-                }
-            }
-        }
-        loop {
-            self.rebuild.notified().await;
-            tracing::info!(filter = %self.name, "rebuild requested");
-            if let Err(e) = self.build_once(&db).await {
-                tracing::error!(filter = %self.name, error = %e, "rebuild failed; the previous filter keeps serving");
-            }
-        }
-    }
-
-    /// Builds a fresh filter from the source query and swaps it in. On failure the
-    /// current filter (if any) stays.
-    pub async fn build_once(&self, db: &Db) -> Result<(), LoadError> {
-        let started = Instant::now();
-        self.update_status(|s| s.loading = true);
-        let result = self.build_inner(db).await;
-        let took = started.elapsed();
-        let now = unix_now();
-        match &result {
-            Ok((rows, skipped)) => {
-                let stats = self.stats();
-                tracing::info!(filter = %self.name, rows, skipped, took_ms = took.as_millis() as u64,
-                    items = stats.map(|s| s.items), fill_ratio = stats.map(|s| s.fill_ratio), "filter loaded");
-                if *skipped > 0 {
-                    tracing::warn!(filter = %self.name, skipped, "source rows had keys that failed normalisation; they were not inserted");
-                }
-                self.metrics.record_load(true, took, *skipped, now);
-                self.update_status(|s| {
-                    *s = LoadStatus {
-                        result: "ok",
-                        finished_at: Some(now),
-                        duration_ms: Some(took.as_millis() as u64),
-                        rows: Some(*rows),
-                        skipped: Some(*skipped),
-                        error: None,
-                        consecutive_failures: 0,
-                        loading: false,
-                    }
-                });
-            }
-            Err(e) => {
-                self.metrics.record_load(false, took, 0, now);
-                self.update_status(|s| {
-                    s.result = "error";
-                    s.finished_at = Some(now);
-                    s.duration_ms = Some(took.as_millis() as u64);
-                    s.error = Some(e.to_string());
-                    s.consecutive_failures += 1;
-                    s.loading = false;
-                });
-            }
-        }
-        self.publish_metrics();
-        result.map(|_| ())
-    }
-
-    async fn build_inner(&self, db: &Db) -> Result<(u64, u64), LoadError> {
-        let params =
-            BloomParams::optimal(self.config.expected_items, self.config.false_positive_rate)?;
-        let filter = Arc::new(BloomFilter::new(params, rand::random()));
-        {
-            let _guard = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-            self.building.store(Some(Arc::clone(&filter)));
-        }
-        let rule = self.config.normalize.clone();
-        let mut bytes = KeyBytes::new();
-        let mut skipped = 0u64;
-        let rows = db
-            .for_each_key(&self.source_query, |raw| {
-                match normalize(&rule, Cow::Borrowed(raw)) {
-                    Ok(key) => {
-                        filter.insert(bytes.of(&key));
-                    }
-                    Err(_) => skipped += 1,
-                }
-            })
-            .await;
-        let _guard = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-        match rows {
-            Ok(rows) => {
-                // Swap first, then stop mirroring: a key added in between lands in both.
-                self.live.store(Some(filter));
-                self.building.store(None);
-                self.metrics.set_ready(true);
-                Ok((rows, skipped))
-            }
-            Err(e) => {
-                self.building.store(None);
-                Err(e.into())
-            }
-        }
+        lock(&self.status).clone()
     }
 
     fn update_status(&self, f: impl FnOnce(&mut LoadStatus)) {
-        let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut s);
+        f(&mut lock(&self.status));
     }
 }
 
-fn unix_now() -> f64 {
+/// Locks a mutex whose data stays valid even if a holder panicked.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-/// Up to 20% random extra delay, so many instances do not retry in step.
-fn jitter(d: Duration) -> Duration {
-    d + d.mul_f64(rand::random::<f64>() * 0.2)
 }

@@ -38,7 +38,9 @@ pub mod outcome;
 pub mod passthrough;
 pub mod proxy;
 pub mod server;
+pub mod sync;
 pub mod upstream;
+pub mod watermark;
 
 pub use app::{App, AppError, shutdown_signal};
 pub use config::Config;

@@ -38,6 +38,14 @@ pub struct Metrics {
     filter_keys_skipped: IntCounterVec,
     cache_entries: IntGaugeVec,
     passthrough: IntCounterVec,
+    false_negatives: IntCounterVec,
+    capacity_rebuilds: IntCounterVec,
+    snapshot_loads: IntCounterVec,
+    snapshot_writes: IntCounterVec,
+    sync_lag: GaugeVec,
+    sync_keys: IntCounterVec,
+    sync_polls: IntCounterVec,
+    write_through: IntCounterVec,
 }
 
 /// Label handles for one route, resolved once.
@@ -46,6 +54,7 @@ pub struct RouteMetrics {
     requests: Vec<IntCounter>,
     durations: Vec<Histogram>,
     origin: Histogram,
+    false_negatives: IntCounter,
 }
 
 impl RouteMetrics {
@@ -58,6 +67,11 @@ impl RouteMetrics {
     /// Records the duration of one origin call.
     pub fn observe_origin(&self, elapsed: Duration) {
         self.origin.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a key the gate called absent that the origin found (shadow mode).
+    pub fn false_negative(&self) {
+        self.false_negatives.inc();
     }
 }
 
@@ -76,6 +90,15 @@ pub struct FilterMetrics {
     loads_failed: IntCounter,
     load_duration: Gauge,
     keys_skipped: IntCounter,
+    capacity_rebuilds: IntCounter,
+    snapshot_loads_ok: IntCounter,
+    snapshot_loads_rejected: IntCounter,
+    snapshot_writes_ok: IntCounter,
+    snapshot_writes_failed: IntCounter,
+    sync_lag: Gauge,
+    sync_keys: IntCounter,
+    sync_polls_ok: IntCounter,
+    sync_polls_failed: IntCounter,
 }
 
 impl FilterMetrics {
@@ -104,6 +127,45 @@ impl FilterMetrics {
         } else {
             self.loads_failed.inc();
         }
+    }
+
+    /// Counts a rebuild started because items exceeded capacity.
+    pub fn capacity_rebuild(&self) {
+        self.capacity_rebuilds.inc();
+    }
+
+    /// Counts a snapshot accepted (true) or rejected (false) at start-up.
+    pub fn snapshot_load(&self, ok: bool) {
+        if ok {
+            self.snapshot_loads_ok.inc();
+        } else {
+            self.snapshot_loads_rejected.inc();
+        }
+    }
+
+    /// Counts a snapshot write.
+    pub fn snapshot_write(&self, ok: bool) {
+        if ok {
+            self.snapshot_writes_ok.inc();
+        } else {
+            self.snapshot_writes_failed.inc();
+        }
+    }
+
+    /// Records a sync poll: its result, the keys it applied, and when it finished.
+    pub fn record_sync(&self, ok: bool, keys: u64, finished_unix: f64) {
+        if ok {
+            self.sync_polls_ok.inc();
+            self.sync_keys.inc_by(keys);
+            self.last_sync.set(finished_unix);
+        } else {
+            self.sync_polls_failed.inc();
+        }
+    }
+
+    /// Freshness lag: now minus the newest change applied, in seconds.
+    pub fn set_sync_lag(&self, seconds: f64) {
+        self.sync_lag.set(seconds);
     }
 }
 
@@ -213,6 +275,62 @@ impl Metrics {
             ),
             &["status"],
         )?;
+        let false_negatives = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_false_negatives_total",
+                "Keys the gate called absent that the origin found (shadow mode); must stay 0.",
+            ),
+            &["route"],
+        )?;
+        let capacity_rebuilds = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_capacity_rebuilds_total",
+                "Rebuilds started because items exceeded capacity.",
+            ),
+            &["filter"],
+        )?;
+        let snapshot_loads = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_snapshot_loads_total",
+                "Snapshots read at start-up, by result (ok or rejected).",
+            ),
+            &["filter", "result"],
+        )?;
+        let snapshot_writes = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_snapshot_writes_total",
+                "Snapshots written after builds, by result.",
+            ),
+            &["filter", "result"],
+        )?;
+        let sync_lag = GaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_sync_lag_seconds",
+                "Freshness lag: now minus the newest change applied by incremental sync.",
+            ),
+            &["filter"],
+        )?;
+        let sync_keys = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_sync_keys_total",
+                "Keys applied to the live filter by incremental sync.",
+            ),
+            &["filter"],
+        )?;
+        let sync_polls = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_sync_polls_total",
+                "Incremental sync polls, by result.",
+            ),
+            &["filter", "result"],
+        )?;
+        let write_through = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_write_through_keys_total",
+                "Keys added to a filter by successful writes passing through the proxy.",
+            ),
+            &["filter"],
+        )?;
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "bloomgate_build_info",
@@ -240,6 +358,14 @@ impl Metrics {
         registry.register(Box::new(filter_keys_skipped.clone()))?;
         registry.register(Box::new(cache_entries.clone()))?;
         registry.register(Box::new(passthrough.clone()))?;
+        registry.register(Box::new(false_negatives.clone()))?;
+        registry.register(Box::new(capacity_rebuilds.clone()))?;
+        registry.register(Box::new(snapshot_loads.clone()))?;
+        registry.register(Box::new(snapshot_writes.clone()))?;
+        registry.register(Box::new(sync_lag.clone()))?;
+        registry.register(Box::new(sync_keys.clone()))?;
+        registry.register(Box::new(sync_polls.clone()))?;
+        registry.register(Box::new(write_through.clone()))?;
         registry.register(Box::new(build_info))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(
@@ -263,6 +389,14 @@ impl Metrics {
             filter_keys_skipped,
             cache_entries,
             passthrough,
+            false_negatives,
+            capacity_rebuilds,
+            snapshot_loads,
+            snapshot_writes,
+            sync_lag,
+            sync_keys,
+            sync_polls,
+            write_through,
         })
     }
 
@@ -282,6 +416,7 @@ impl Metrics {
                 })
                 .collect(),
             origin: self.origin_duration.with_label_values(&[route]),
+            false_negatives: self.false_negatives.with_label_values(&[route]),
         }
     }
 
@@ -300,6 +435,15 @@ impl Metrics {
             loads_failed: self.filter_loads.with_label_values(&[filter, "error"]),
             load_duration: self.filter_load_duration.with_label_values(&[filter]),
             keys_skipped: self.filter_keys_skipped.with_label_values(&[filter]),
+            capacity_rebuilds: self.capacity_rebuilds.with_label_values(&[filter]),
+            snapshot_loads_ok: self.snapshot_loads.with_label_values(&[filter, "ok"]),
+            snapshot_loads_rejected: self.snapshot_loads.with_label_values(&[filter, "rejected"]),
+            snapshot_writes_ok: self.snapshot_writes.with_label_values(&[filter, "ok"]),
+            snapshot_writes_failed: self.snapshot_writes.with_label_values(&[filter, "error"]),
+            sync_lag: self.sync_lag.with_label_values(&[filter]),
+            sync_keys: self.sync_keys.with_label_values(&[filter]),
+            sync_polls_ok: self.sync_polls.with_label_values(&[filter, "ok"]),
+            sync_polls_failed: self.sync_polls.with_label_values(&[filter, "error"]),
         }
     }
 
@@ -311,6 +455,11 @@ impl Metrics {
         self.cache_entries
             .with_label_values(&["negative"])
             .set(clamp_i64(negative));
+    }
+
+    /// Counter of keys added by write-through for one filter.
+    pub fn write_through(&self, filter: &str) -> IntCounter {
+        self.write_through.with_label_values(&[filter])
     }
 
     /// Handles for pass-through counting, one per status class.

@@ -18,11 +18,13 @@ pub enum Outcome {
     FailOpen,
     /// The request failed: malformed key, origin timeout, database unavailable, …
     Error,
+    /// Shadow mode: the gate called the key absent, but the request was served anyway.
+    WouldIntercept,
 }
 
 impl Outcome {
     /// Every outcome, in label order (metric handles are resolved once per outcome).
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Intercepted,
         Outcome::CacheHit,
         Outcome::NegativeHit,
@@ -30,6 +32,7 @@ impl Outcome {
         Outcome::FalsePositive,
         Outcome::FailOpen,
         Outcome::Error,
+        Outcome::WouldIntercept,
     ];
 
     /// The `outcome` metric label and log field.
@@ -42,6 +45,7 @@ impl Outcome {
             Outcome::FalsePositive => "false_positive",
             Outcome::FailOpen => "fail_open",
             Outcome::Error => "error",
+            Outcome::WouldIntercept => "would_intercept",
         }
     }
 
@@ -54,6 +58,8 @@ impl Outcome {
             Outcome::OriginFound | Outcome::FalsePositive => "miss",
             Outcome::FailOpen => "fail-open",
             Outcome::Error => "error",
+            // Never the served stage: shadow requests carry the stage that answered them.
+            Outcome::WouldIntercept => "miss",
         }
     }
 

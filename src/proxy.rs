@@ -3,6 +3,7 @@
 //! other request is passed through to the upstream. Serving sockets is `server`'s job.
 
 pub mod route;
+pub mod write_through;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::cache::{CacheKey, CachedResponse, Loaded, Lookup, ResponseCache};
-use crate::config::Normalize;
+use crate::config::{Normalize, RouteMode};
 use crate::error::ProxyError;
 use crate::gate::{Gate, Verdict};
 use crate::key::{KeyBytes, normalize};
@@ -25,6 +26,7 @@ use crate::outcome::Outcome;
 use crate::passthrough;
 use crate::upstream::Upstream;
 use route::PathPattern;
+use write_through::WriteThrough;
 
 /// Response bodies: a buffer we made, or the upstream's stream passed through.
 pub type ProxyBody = Either<Full<Bytes>, Incoming>;
@@ -52,7 +54,14 @@ pub struct GuardedRoute {
     pub negative_ttl: Duration,
     /// Pre-resolved metric handles.
     pub metrics: RouteMetrics,
+    /// Enforce or shadow.
+    pub mode: RouteMode,
+    /// Keys already logged as false negatives (bounded), so each is logged once.
+    pub logged_false_negatives: std::sync::Mutex<std::collections::HashSet<crate::key::OwnedKey>>,
 }
+
+/// Most false-negative keys remembered per route for log de-duplication.
+const FALSE_NEGATIVE_LOG_LIMIT: usize = 1024;
 
 /// The data-plane handler.
 pub struct Proxy {
@@ -61,6 +70,7 @@ pub struct Proxy {
     upstream: Option<Arc<Upstream>>,
     max_body: u64,
     passthrough_metrics: PassthroughMetrics,
+    write_through: Vec<WriteThrough>,
 }
 
 impl Proxy {
@@ -71,6 +81,7 @@ impl Proxy {
         upstream: Option<Arc<Upstream>>,
         max_body: u64,
         passthrough_metrics: PassthroughMetrics,
+        write_through: Vec<WriteThrough>,
     ) -> Proxy {
         Proxy {
             routes,
@@ -78,6 +89,7 @@ impl Proxy {
             upstream,
             max_body,
             passthrough_metrics,
+            write_through,
         }
     }
 
@@ -93,14 +105,19 @@ impl Proxy {
         {
             return self.guarded(route, segment, &req).await;
         }
-        passthrough::forward(
+        let write = write_through::matching(&self.write_through, &req);
+        let resp = passthrough::forward(
             self.upstream.as_deref(),
             req,
             peer,
             self.max_body,
             &self.passthrough_metrics,
         )
-        .await
+        .await;
+        match write {
+            Some((rule, segment)) => rule.apply(self, resp, segment).await,
+            None => resp,
+        }
     }
 
     fn match_route<'p>(&self, path: &'p str) -> Option<(&GuardedRoute, &'p str)> {
@@ -116,44 +133,50 @@ impl Proxy {
         req: &Request<Incoming>,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
-        let (outcome, mut resp) = match self.decide(route, segment, req).await {
+        let (served, counted, mut resp) = match self.decide(route, segment, req).await {
             Ok(answer) => answer,
             Err(e) => {
                 e.log(&route.label);
-                (Outcome::Error, error_response(e))
+                (Outcome::Error, Outcome::Error, error_response(e))
             }
         };
-        route.metrics.observe(outcome, started.elapsed());
-        resp.headers_mut().insert(
-            X_BLOOMGATE,
-            HeaderValue::from_static(outcome.header_value()),
-        );
+        route.metrics.observe(counted, started.elapsed());
+        resp.headers_mut()
+            .insert(X_BLOOMGATE, HeaderValue::from_static(served.header_value()));
         resp
     }
 
-    /// The pipeline for one guarded request.
+    /// The pipeline for one guarded request. Returns the stage that answered (for the
+    /// header), the outcome to count, and the response.
     async fn decide(
         &self,
         route: &GuardedRoute,
         segment: &str,
         req: &Request<Incoming>,
-    ) -> Result<(Outcome, Response<ProxyBody>), ProxyError> {
+    ) -> Result<(Outcome, Outcome, Response<ProxyBody>), ProxyError> {
         let raw = route.pattern.raw_key(segment, req.uri().query())?;
         let key = normalize(&route.normalize, raw)?;
 
         let mut bytes = KeyBytes::new();
         let verdict = route.gate.check(bytes.of(&key));
-        if verdict == Verdict::Absent {
+        let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
+        if verdict == Verdict::Absent && !shadow_absent {
             // Short-circuit: the key is certainly absent; no cache, no origin.
-            return Ok((Outcome::Intercepted, not_found()));
+            return Ok((Outcome::Intercepted, Outcome::Intercepted, not_found()));
         }
         let failing_open = verdict == Verdict::Unavailable;
-        let counted = |normal: Outcome| {
+        // What to count: fail-open and shadow verdicts override the stage that answered.
+        let answer = |served: Outcome, found: bool, resp: Response<ProxyBody>| {
             if failing_open {
-                Outcome::FailOpen
-            } else {
-                normal
+                return (Outcome::FailOpen, Outcome::FailOpen, resp);
             }
+            if shadow_absent {
+                if found {
+                    self.false_negative(route, &key);
+                }
+                return (served, Outcome::WouldIntercept, resp);
+            }
+            (served, served, resp)
         };
 
         let cache_key = CacheKey {
@@ -161,8 +184,8 @@ impl Proxy {
             key: key.to_owned_key(),
         };
         match self.cache.lookup(&cache_key).await {
-            Lookup::Hit(cached) => return Ok((counted(Outcome::CacheHit), replay(cached))),
-            Lookup::NegativeHit => return Ok((counted(Outcome::NegativeHit), not_found())),
+            Lookup::Hit(cached) => return Ok(answer(Outcome::CacheHit, true, replay(cached))),
+            Lookup::NegativeHit => return Ok(answer(Outcome::NegativeHit, false, not_found())),
             Lookup::Miss => {}
         }
 
@@ -186,10 +209,10 @@ impl Proxy {
                 } else {
                     Outcome::CacheHit
                 };
-                Ok((counted(outcome), replay(response)))
+                Ok(answer(outcome, true, replay(response)))
             }
             Loaded::NotFound { leader } => {
-                if leader && !failing_open {
+                if leader && !failing_open && !shadow_absent {
                     tracing::debug!(route = %route.label, key = %cache_key.key, "false positive: negative entry stored");
                 }
                 let outcome = if leader {
@@ -197,10 +220,44 @@ impl Proxy {
                 } else {
                     Outcome::NegativeHit
                 };
-                Ok((counted(outcome), not_found()))
+                Ok(answer(outcome, false, not_found()))
             }
             Loaded::Failed { error, .. } => Err(ProxyError::from(&*error)),
         }
+    }
+
+    /// Counts a false negative (shadow mode) and logs each key once.
+    fn false_negative(&self, route: &GuardedRoute, key: &crate::key::NormKey<'_>) {
+        route.metrics.false_negative();
+        let owned = key.to_owned_key();
+        let mut seen = route
+            .logged_false_negatives
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.len() < FALSE_NEGATIVE_LOG_LIMIT && seen.insert(owned.clone()) {
+            tracing::error!(route = %route.label, filter = route.gate.name(), key = %owned,
+                "false negative: the gate called this key absent but the origin has it");
+        }
+    }
+
+    /// Drops negative entries for a key on every route gated by `filter` (a key that
+    /// was just created must not keep answering 404).
+    pub async fn invalidate_negative(&self, filter: &str, key: &crate::key::OwnedKey) {
+        for r in self.routes.iter().filter(|r| r.gate.name() == filter) {
+            let ck = CacheKey {
+                route: r.id,
+                key: key.clone(),
+            };
+            self.cache.invalidate_negative(&ck).await;
+        }
+    }
+
+    /// The gate named `filter`, if a route uses it.
+    pub fn gate(&self, filter: &str) -> Option<&Arc<Gate>> {
+        self.routes
+            .iter()
+            .map(|r| &r.gate)
+            .find(|g| g.name() == filter)
     }
 
     /// Drops cached entries (positive and negative) for a key on every route gated by

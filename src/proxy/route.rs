@@ -75,6 +75,26 @@ impl PathPattern {
         })
     }
 
+    /// Compiles the path of a write-through rule: a `{param}` segment is optional unless
+    /// the key comes from the path, in which case its name must match.
+    pub fn parse_write(path: &str, key: &crate::config::WriteKey) -> Result<PathPattern, String> {
+        use crate::config::WriteKey;
+        if let WriteKey::Segment(name) = key {
+            return Self::parse(path, &KeySource::Segment(name.clone()));
+        }
+        match Self::parse(path, &KeySource::Query("_".into())) {
+            Ok(p) => Ok(p),
+            // A {param} is allowed here: write-through keys from headers or bodies ignore it.
+            Err(_) => {
+                let name = path
+                    .split('/')
+                    .find_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                    .ok_or_else(|| "invalid path pattern".to_owned())?;
+                Self::parse(path, &KeySource::Segment(name.to_owned()))
+            }
+        }
+    }
+
     /// Matches a request path; on a match returns the raw path segment that holds the key
     /// (for segment keys) or `""` (for query keys).
     pub fn matches<'p>(&self, path: &'p str) -> Option<&'p str> {

@@ -1,0 +1,311 @@
+//! Filling a gate: the warm start from a snapshot, the full build from the source query
+//! (sized from the source count when it outgrew capacity, with a fresh secret seed),
+//! the atomic swap, the snapshot written after it, and the loader task that retries with
+//! backoff and rebuilds on schedule, on request and on capacity. Serving is not here.
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rand::TryRngCore;
+
+use super::{Gate, LoadStatus, RebuildReason, lock, unix_now};
+use crate::config::WatermarkKind;
+use crate::db::Db;
+use crate::filter::snapshot;
+use crate::filter::{BloomFilter, BloomParams};
+use crate::key::{KeyBytes, normalize};
+use crate::watermark::Watermark;
+
+/// Why a build failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The filter could not be sized.
+    #[error("cannot size the filter: {0}")]
+    Params(#[from] crate::filter::FilterError),
+    /// A query failed.
+    #[error("source query failed: {0}")]
+    Db(#[from] crate::db::DbError),
+    /// The operating system's random source failed (no seed can be drawn).
+    #[error("cannot draw a random seed: {0}")]
+    Seed(String),
+}
+
+/// A source this much larger than capacity sizes the filter from the count.
+const HEADROOM: f64 = 1.25;
+
+impl Gate {
+    /// Runs until aborted: warm start from the snapshot if there is a good one, otherwise
+    /// a full build retried with exponential backoff while the source is unavailable
+    /// (requests fail open meanwhile); then rebuilds on request, on schedule and when
+    /// items outgrow capacity.
+    pub async fn run_loader(self: Arc<Self>, db: Db) {
+        let warm = match self.config.snapshot_path.clone() {
+            Some(path) => self.load_snapshot(&path).await,
+            None => false,
+        };
+        if !warm {
+            let mut delay = self.config.load_retry_initial;
+            while let Err(e) = self.build_once(&db, RebuildReason::Startup).await {
+                tracing::warn!(filter = %self.name, error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "filter load failed; requests fail open until it succeeds");
+                tokio::time::sleep(jitter(delay)).await;
+                delay = (delay * 2).min(self.config.load_retry_max);
+            }
+        }
+        loop {
+            let reason = match self.config.rebuild_interval {
+                Some(every) => tokio::select! {
+                    _ = self.rebuild.notified() => *lock(&self.rebuild_reason),
+                    _ = tokio::time::sleep(every) => RebuildReason::Scheduled,
+                },
+                None => {
+                    self.rebuild.notified().await;
+                    *lock(&self.rebuild_reason)
+                }
+            };
+            tracing::info!(filter = %self.name, reason = reason.as_str(), "rebuilding; the current filter keeps serving");
+            if let Err(e) = self.build_once(&db, reason).await {
+                tracing::error!(filter = %self.name, error = %e, reason = reason.as_str(),
+                    "rebuild failed; the previous filter keeps serving");
+            }
+        }
+    }
+
+    /// Loads the snapshot at `path` if it is valid and matches the config. Returns
+    /// whether the gate is now ready. Every rejection is logged with its reason.
+    async fn load_snapshot(&self, path: &Path) -> bool {
+        let started = Instant::now();
+        let owned = path.to_owned();
+        let read = tokio::task::spawn_blocking(move || snapshot::read(&owned)).await;
+        let snap = match read {
+            Ok(Ok(s)) => s,
+            Ok(Err(snapshot::SnapshotError::Io { source, .. }))
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                tracing::info!(filter = %self.name, path = %path.display(), "no snapshot yet; building from the source");
+                return false;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(filter = %self.name, path = %path.display(), error = %e,
+                    "snapshot rejected; building from the source instead");
+                self.metrics.snapshot_load(false);
+                return false;
+            }
+            Err(e) => {
+                tracing::error!(filter = %self.name, error = %e, "snapshot reader task failed");
+                return false;
+            }
+        };
+        let p = snap.filter.params();
+        let rate_matches = (p.false_positive_rate - self.config.false_positive_rate).abs() < 1e-12;
+        if !rate_matches || p.expected_items < self.config.expected_items {
+            tracing::warn!(filter = %self.name, path = %path.display(),
+                snapshot_capacity = p.expected_items, snapshot_rate = p.false_positive_rate,
+                config_capacity = self.config.expected_items, config_rate = self.config.false_positive_rate,
+                "snapshot parameters do not match the config; building from the source instead");
+            self.metrics.snapshot_load(false);
+            return false;
+        }
+        if self.config.sync.is_some() && snap.watermark.is_none() {
+            tracing::warn!(filter = %self.name, path = %path.display(),
+                "snapshot has no sync watermark but sync is configured; building from the source instead");
+            self.metrics.snapshot_load(false);
+            return false;
+        }
+        self.target_capacity
+            .fetch_max(p.expected_items, Ordering::AcqRel);
+        let items = snap.filter.items();
+        {
+            let _guard = lock(&self.writers);
+            self.live.store(Some(Arc::new(snap.filter)));
+        }
+        if let Some(w) = snap.watermark {
+            self.advance_watermark(w);
+        }
+        let took = started.elapsed();
+        self.metrics.snapshot_load(true);
+        self.metrics.set_ready(true);
+        self.update_status(|s| {
+            *s = LoadStatus {
+                result: "ok",
+                origin: Some("snapshot"),
+                reason: Some(RebuildReason::Startup.as_str()),
+                finished_at: Some(unix_now()),
+                duration_ms: Some(took.as_millis() as u64),
+                ..LoadStatus::default()
+            }
+        });
+        self.publish_metrics();
+        tracing::info!(filter = %self.name, path = %path.display(), items, took_ms = took.as_millis() as u64,
+            watermark = snap.watermark.map(|w| w.to_string()), "filter loaded from snapshot");
+        true
+    }
+
+    /// Builds a fresh filter from the source query and swaps it in. On failure the
+    /// current filter (if any) stays.
+    pub async fn build_once(&self, db: &Db, reason: RebuildReason) -> Result<(), LoadError> {
+        let started = Instant::now();
+        self.update_status(|s| s.loading = true);
+        let result = self.build_inner(db).await;
+        let took = started.elapsed();
+        let now = unix_now();
+        self.capacity_rebuild_pending
+            .store(false, Ordering::Release);
+        match &result {
+            Ok(((rows, skipped), _)) => {
+                let stats = self.stats();
+                tracing::info!(filter = %self.name, reason = reason.as_str(), rows, skipped,
+                    took_ms = took.as_millis() as u64, items = stats.map(|s| s.items),
+                    capacity = stats.map(|s| s.capacity), "filter loaded");
+                if *skipped > 0 {
+                    tracing::warn!(filter = %self.name, skipped, "source rows had keys that failed normalisation; they were not inserted");
+                }
+                self.metrics.record_load(true, took, *skipped, now);
+                self.update_status(|s| {
+                    *s = LoadStatus {
+                        result: "ok",
+                        origin: Some("source"),
+                        reason: Some(reason.as_str()),
+                        finished_at: Some(now),
+                        duration_ms: Some(took.as_millis() as u64),
+                        rows: Some(*rows),
+                        skipped: Some(*skipped),
+                        error: None,
+                        consecutive_failures: 0,
+                        loading: false,
+                    }
+                });
+            }
+            Err(e) => {
+                self.metrics.record_load(false, took, 0, now);
+                self.update_status(|s| {
+                    s.result = "error";
+                    s.reason = Some(reason.as_str());
+                    s.finished_at = Some(now);
+                    s.duration_ms = Some(took.as_millis() as u64);
+                    s.error = Some(e.to_string());
+                    s.consecutive_failures += 1;
+                    s.loading = false;
+                });
+            }
+        }
+        self.publish_metrics();
+        let (_, start_mark) = result?;
+        self.write_snapshot(start_mark).await;
+        Ok(())
+    }
+
+    /// Returns ((rows, skipped), the watermark sync may resume from).
+    async fn build_inner(&self, db: &Db) -> Result<((u64, u64), Option<Watermark>), LoadError> {
+        // Read the resume point before the source, so no row falls between the two.
+        let start_mark = self.start_watermark(db).await?;
+        let mut capacity = self.target_capacity.load(Ordering::Acquire);
+        match db.count_rows(&self.source_query).await {
+            Ok(count) if count > capacity => {
+                let sized = ((count as f64) * HEADROOM).ceil() as u64;
+                tracing::warn!(filter = %self.name, source_rows = count, capacity, new_capacity = sized,
+                    "the source holds more keys than the configured capacity; sizing the filter from the count");
+                capacity = sized;
+                self.target_capacity.fetch_max(sized, Ordering::AcqRel);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(filter = %self.name, error = %e, "cannot count the source; sizing from capacity");
+            }
+        }
+        let params = BloomParams::optimal(capacity, self.config.false_positive_rate)?;
+        let seed = rand::rngs::OsRng
+            .try_next_u32()
+            .map_err(|e| LoadError::Seed(e.to_string()))?;
+        let filter = Arc::new(BloomFilter::new(params, seed));
+        {
+            let _guard = lock(&self.writers);
+            self.building.store(Some(Arc::clone(&filter)));
+        }
+        let rule = self.config.normalize.clone();
+        let mut bytes = KeyBytes::new();
+        let mut skipped = 0u64;
+        let rows = db
+            .for_each_key(&self.source_query, |raw| {
+                match normalize(&rule, Cow::Borrowed(raw)) {
+                    Ok(key) => {
+                        filter.insert(bytes.of(&key));
+                    }
+                    Err(_) => skipped += 1,
+                }
+            })
+            .await;
+        let _guard = lock(&self.writers);
+        match rows {
+            Ok(rows) => {
+                // Swap first, then stop mirroring: a key added in between lands in both.
+                self.live.store(Some(filter));
+                self.building.store(None);
+                self.capacity_warned.store(false, Ordering::Relaxed);
+                if let Some(m) = start_mark {
+                    self.advance_watermark(m);
+                }
+                self.metrics.set_ready(true);
+                Ok(((rows, skipped), start_mark))
+            }
+            Err(e) => {
+                self.building.store(None);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The watermark a full build covers up to: from the start query, or (timestamps
+    /// without one) this host's clock. `None` without sync.
+    async fn start_watermark(&self, db: &Db) -> Result<Option<Watermark>, LoadError> {
+        let Some(sync) = &self.config.sync else {
+            return Ok(None);
+        };
+        let fetched = match &sync.start_query {
+            Some(q) => {
+                db.fetch_watermark(&Arc::from(q.as_str()), sync.watermark)
+                    .await?
+            }
+            None => None,
+        };
+        Ok(Some(fetched.unwrap_or(match sync.watermark {
+            WatermarkKind::Integer => Watermark::Int(i64::MIN),
+            WatermarkKind::Timestamp => {
+                Watermark::TimeMicros(chrono::Utc::now().timestamp_micros())
+            }
+        })))
+    }
+
+    /// Writes the live filter to `snapshot_path` (if configured), off the async threads.
+    async fn write_snapshot(&self, watermark: Option<Watermark>) {
+        let (Some(path), Some(filter)) = (self.config.snapshot_path.clone(), self.live.load_full())
+        else {
+            return;
+        };
+        let shown = path.display().to_string();
+        let written =
+            tokio::task::spawn_blocking(move || snapshot::write(&path, &filter, watermark)).await;
+        match written {
+            Ok(Ok(info)) => {
+                self.metrics.snapshot_write(true);
+                tracing::info!(filter = %self.name, path = %shown, bytes = info.bytes,
+                    took_ms = info.took.as_millis() as u64, "snapshot written");
+            }
+            Ok(Err(e)) => {
+                self.metrics.snapshot_write(false);
+                tracing::error!(filter = %self.name, path = %shown, error = %e, "snapshot write failed");
+            }
+            Err(e) => {
+                tracing::error!(filter = %self.name, error = %e, "snapshot writer task failed")
+            }
+        }
+    }
+}
+
+/// Up to 20% random extra delay, so many instances do not retry in step.
+fn jitter(d: Duration) -> Duration {
+    d + d.mul_f64(rand::random::<f64>() * 0.2)
+}
