@@ -184,7 +184,10 @@ impl ResponseCache {
 
     /// Drops a negative entry for `key`, leaving a positive one alone.
     pub async fn invalidate_negative(&self, key: &CacheKey) {
-        self.negative.invalidate(key).await;
+        // Sync re-applies whole windows of keys; most have no negative entry.
+        if self.negative.contains_key(key) {
+            self.negative.invalidate(key).await;
+        }
     }
 
     /// Approximate entry counts: (positive, negative).

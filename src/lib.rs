@@ -7,7 +7,8 @@
 //! - [`config`]: the TOML config, environment overrides and validation.
 //! - [`key`]: key normalisation, shared by requests and the filter loader.
 //! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits).
-//! - [`gate`]: the live filter per name, its verdict, readiness and background loading.
+//! - [`gate`]: the live filter per name, its verdict, readiness, capacity, and (in
+//!   `gate::build`) snapshots, full builds and rebuilds.
 //! - [`cache`]: positive and negative moka caches with coalesced loading.
 //! - [`origin`]: SQL lookups and upstream fetches for keys the gate let through.
 //! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming.
@@ -20,6 +21,9 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
 //! - [`server`]: the HTTP/1.1 accept loop with timeouts and graceful shutdown.
 //! - [`app`]: wiring of all of the above from a config.
+//! - [`sync`]: incremental sync of new keys into the live filters.
+//! - [`watermark`]: how far sync has read the source.
+//! - [`tools`]: offline `filter build` and `filter inspect`.
 //! - [`demo`]: the embedded SQLite demo.
 
 pub mod admin;
@@ -39,6 +43,7 @@ pub mod passthrough;
 pub mod proxy;
 pub mod server;
 pub mod sync;
+pub mod tools;
 pub mod upstream;
 pub mod watermark;
 

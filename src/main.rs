@@ -43,6 +43,11 @@ enum Command {
         #[arg(long, default_value = "config.toml")]
         config: PathBuf,
     },
+    /// Build or inspect filter snapshots offline.
+    Filter {
+        #[command(subcommand)]
+        command: FilterCommand,
+    },
     /// Run the whole pipeline on an embedded SQLite database with demo products.
     Demo {
         /// Number of demo products seeded when the table is empty.
@@ -57,6 +62,27 @@ enum Command {
         /// Admin-plane address.
         #[arg(long, default_value = "127.0.0.1:9090")]
         admin_listen: SocketAddr,
+    },
+}
+
+#[derive(Subcommand)]
+enum FilterCommand {
+    /// Stream the source query into a filter (with progress) and write its snapshot.
+    Build {
+        /// Path to the TOML config.
+        #[arg(long, default_value = "config.toml")]
+        config: PathBuf,
+        /// Only this filter (required with --out when there are several).
+        #[arg(long)]
+        filter: Option<String>,
+        /// Where to write, instead of the filter's snapshot_path.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Verify a snapshot and print its parameters, items, fill ratio, watermark and age.
+    Inspect {
+        /// The snapshot file.
+        path: PathBuf,
     },
 }
 
@@ -92,6 +118,33 @@ fn main() -> ExitCode {
             init_tracing(format, &cfg.log.level);
             report(runtime().and_then(|rt| rt.block_on(serve(cfg))))
         }
+        Command::Filter { command } => match command {
+            FilterCommand::Inspect { path } => report(bloomgate::tools::inspect(&path)),
+            FilterCommand::Build {
+                config,
+                filter,
+                out,
+            } => {
+                let cfg = match Config::load(&config) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("{}: {e}", config.display());
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                };
+                init_tracing(
+                    cli.log_format.map_or(cfg.log.format, to_format),
+                    &cfg.log.level,
+                );
+                report(runtime().and_then(|rt| {
+                    rt.block_on(bloomgate::tools::build(
+                        &cfg,
+                        filter.as_deref(),
+                        out.as_deref(),
+                    ))
+                }))
+            }
+        },
         Command::Demo {
             products,
             db,

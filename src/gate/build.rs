@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rand::TryRngCore;
 
 use super::{Gate, LoadStatus, RebuildReason, lock, unix_now};
-use crate::config::WatermarkKind;
+use crate::config::{FilterConfig, Normalize, WatermarkKind};
 use crate::db::Db;
 use crate::filter::snapshot;
 use crate::filter::{BloomFilter, BloomParams};
@@ -217,30 +217,23 @@ impl Gate {
             }
         }
         let params = BloomParams::optimal(capacity, self.config.false_positive_rate)?;
-        let seed = rand::rngs::OsRng
-            .try_next_u32()
-            .map_err(|e| LoadError::Seed(e.to_string()))?;
+        let seed = secret_seed()?;
         let filter = Arc::new(BloomFilter::new(params, seed));
         {
             let _guard = lock(&self.writers);
             self.building.store(Some(Arc::clone(&filter)));
         }
-        let rule = self.config.normalize.clone();
-        let mut bytes = KeyBytes::new();
-        let mut skipped = 0u64;
-        let rows = db
-            .for_each_key(&self.source_query, |raw| {
-                match normalize(&rule, Cow::Borrowed(raw)) {
-                    Ok(key) => {
-                        filter.insert(bytes.of(&key));
-                    }
-                    Err(_) => skipped += 1,
-                }
-            })
-            .await;
+        let rows = fill(
+            db,
+            &self.source_query,
+            &self.config.normalize,
+            &filter,
+            |_| {},
+        )
+        .await;
         let _guard = lock(&self.writers);
         match rows {
-            Ok(rows) => {
+            Ok((rows, skipped)) => {
                 // Swap first, then stop mirroring: a key added in between lands in both.
                 self.live.store(Some(filter));
                 self.building.store(None);
@@ -258,25 +251,8 @@ impl Gate {
         }
     }
 
-    /// The watermark a full build covers up to: from the start query, or (timestamps
-    /// without one) this host's clock. `None` without sync.
     async fn start_watermark(&self, db: &Db) -> Result<Option<Watermark>, LoadError> {
-        let Some(sync) = &self.config.sync else {
-            return Ok(None);
-        };
-        let fetched = match &sync.start_query {
-            Some(q) => {
-                db.fetch_watermark(&Arc::from(q.as_str()), sync.watermark)
-                    .await?
-            }
-            None => None,
-        };
-        Ok(Some(fetched.unwrap_or(match sync.watermark {
-            WatermarkKind::Integer => Watermark::Int(i64::MIN),
-            WatermarkKind::Timestamp => {
-                Watermark::TimeMicros(chrono::Utc::now().timestamp_micros())
-            }
-        })))
+        start_watermark(&self.config, db).await
     }
 
     /// Writes the live filter to `snapshot_path` (if configured), off the async threads.
@@ -303,6 +279,66 @@ impl Gate {
             }
         }
     }
+}
+
+/// The watermark a full build covers up to: from the sync start query, or (timestamps
+/// without one) this host's clock. `None` without sync.
+pub async fn start_watermark(
+    config: &FilterConfig,
+    db: &Db,
+) -> Result<Option<Watermark>, LoadError> {
+    let Some(sync) = &config.sync else {
+        return Ok(None);
+    };
+    let fetched = match &sync.start_query {
+        Some(q) => {
+            db.fetch_watermark(&Arc::from(q.as_str()), sync.watermark)
+                .await?
+        }
+        None => None,
+    };
+    Ok(Some(fetched.unwrap_or(match sync.watermark {
+        WatermarkKind::Integer => Watermark::Int(i64::MIN),
+        WatermarkKind::Timestamp => Watermark::TimeMicros(chrono::Utc::now().timestamp_micros()),
+    })))
+}
+
+/// Streams `source` into `filter`, normalising each key with `rule`; `progress` is called
+/// every 65,536 rows with the rows read so far. Returns (rows, keys skipped).
+pub async fn fill(
+    db: &Db,
+    source: &Arc<str>,
+    rule: &Normalize,
+    filter: &BloomFilter,
+    mut progress: impl FnMut(u64),
+) -> Result<(u64, u64), LoadError> {
+    let mut bytes = KeyBytes::new();
+    let mut skipped = 0u64;
+    let mut seen = 0u64;
+    let rows = db
+        .for_each_key(source, |raw| {
+            match normalize(rule, Cow::Borrowed(raw)) {
+                Ok(key) => {
+                    filter.insert(bytes.of(&key));
+                }
+                Err(_) => skipped += 1,
+            }
+            seen += 1;
+            if seen % 65_536 == 0 {
+                progress(seen);
+            }
+        })
+        .await?;
+    progress(rows);
+    Ok((rows, skipped))
+}
+
+/// A fresh secret seed from the operating system's random source, so nobody outside
+/// can compute which absent keys this filter lets through.
+pub fn secret_seed() -> Result<u32, LoadError> {
+    rand::rngs::OsRng
+        .try_next_u32()
+        .map_err(|e| LoadError::Seed(e.to_string()))
 }
 
 /// Up to 20% random extra delay, so many instances do not retry in step.

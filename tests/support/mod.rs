@@ -111,6 +111,45 @@ impl TestDb {
         row.get::<u64, _>(0)
     }
 
+    /// Rows read so far by the proxy's user (MariaDB's USER_STATISTICS).
+    pub async fn rows_read(&self) -> u64 {
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(ROWS_READ), 0) AS UNSIGNED) FROM information_schema.USER_STATISTICS WHERE USER = ?",
+        )
+        .bind(&self.user)
+        .fetch_one(&self.admin)
+        .await
+        .expect("read user statistics");
+        row.get::<u64, _>(0)
+    }
+
+    /// Deletes a product behind the proxy's back.
+    pub async fn delete_product(&self, sku: u64) {
+        sqlx::query("DELETE FROM products WHERE sku_id = ?")
+            .bind(sku)
+            .execute(&self.admin)
+            .await
+            .expect("delete product");
+    }
+
+    /// Inserts many products in one statement.
+    pub async fn insert_products(&self, skus: &[u64]) {
+        for chunk in skus.chunks(1000) {
+            let mut q = sqlx::QueryBuilder::<sqlx::MySql>::new(
+                "INSERT INTO products (sku_id, name, price) ",
+            );
+            q.push_values(chunk, |mut b, sku| {
+                b.push_bind(*sku)
+                    .push_bind(format!("Product {sku}"))
+                    .push_bind(1.0f64);
+            });
+            q.build()
+                .execute(&self.admin)
+                .await
+                .expect("insert products");
+        }
+    }
+
     /// Inserts a product behind the proxy's back.
     pub async fn insert_product(&self, sku: u64) {
         sqlx::query("INSERT INTO products (sku_id, name, price) VALUES (?, ?, 1.00)")
@@ -447,6 +486,28 @@ impl Handler for StubHandler {
                 .insert("connection", http::HeaderValue::from_static("x-drop-me"));
             r.headers_mut()
                 .insert("x-drop-me", http::HeaderValue::from_static("1"));
+            return r;
+        }
+        if req.method() == http::Method::POST
+            && (path == "/api/products" || path == "/api/products/json")
+        {
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let sku = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["sku_id"].as_u64());
+            let Some(sku) = sku else {
+                return full(StatusCode::BAD_REQUEST, "{\"error\":\"sku_id\"}".into());
+            };
+            self.0.keys.lock().expect("lock").insert(sku);
+            let mut r = full(StatusCode::CREATED, format!("{{\"sku_id\":{sku}}}"));
+            if let Ok(v) = http::HeaderValue::from_str(&format!("/api/products/{sku}")) {
+                r.headers_mut().insert("location", v);
+            }
             return r;
         }
         if let Some(ms) = path

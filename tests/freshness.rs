@@ -1,0 +1,608 @@
+//! The gate stays true as the data changes: incremental sync, rebuilds under churn,
+//! capacity growth, snapshots and warm restarts, shadow mode and write-through, against
+//! a real MariaDB and a real proxy.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bloomgate::db::{demo_absent_sku, demo_sku};
+use bytes::Bytes;
+use http::Method;
+use support::{StubUpstream, TestDb, TestProxy, concurrently, mysql_url};
+
+const LOOKUP: &str = "SELECT sku_id, name, price, updated_at FROM products WHERE sku_id = ?";
+const SYNC_INTERVAL_MS: u64 = 300;
+const SYNC_OVERLAP_S: u64 = 2;
+
+struct Setup<'a> {
+    db_url: &'a str,
+    expected: u64,
+    fpp: f64,
+    sync: bool,
+    snapshot: Option<&'a PathBuf>,
+    mode: &'a str,
+}
+
+fn config(s: &Setup<'_>) -> String {
+    let sync = if s.sync {
+        format!(
+            "sync = {{ query = \"SELECT sku_id, updated_at FROM products WHERE updated_at >= ?\", interval = \"{SYNC_INTERVAL_MS}ms\", overlap = \"{SYNC_OVERLAP_S}s\" }}"
+        )
+    } else {
+        String::new()
+    };
+    let snapshot = s
+        .snapshot
+        .map(|p| format!("snapshot_path = \"{}\"", p.display()))
+        .unwrap_or_default();
+    format!(
+        r#"
+[admin]
+token = "test-admin-token"
+[database]
+url = "{url}"
+max_connections = 32
+[cache]
+negative_ttl = "1m"
+[filters.products]
+source_query = "SELECT sku_id FROM products"
+expected_items = {expected}
+false_positive_rate = {fpp}
+{sync}
+{snapshot}
+[[routes]]
+name = "products"
+path = "/api/products/{{id}}"
+key = {{ segment = "id" }}
+filter = "products"
+mode = "{mode}"
+origin = {{ kind = "sql", query = "{LOOKUP}" }}
+[[routes]]
+name = "enforced"
+path = "/enforced/{{id}}"
+key = {{ segment = "id" }}
+filter = "products"
+origin = {{ kind = "sql", query = "{LOOKUP}" }}
+"#,
+        url = s.db_url,
+        expected = s.expected,
+        fpp = s.fpp,
+        mode = s.mode,
+    )
+}
+
+fn setup(db_url: &str, expected: u64) -> Setup<'_> {
+    Setup {
+        db_url,
+        expected,
+        fpp: 0.01,
+        sync: true,
+        snapshot: None,
+        mode: "enforce",
+    }
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bloomgate-snap-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join(name)
+}
+
+async fn wait_for(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserted_keys_are_served_within_the_sync_interval_plus_overlap() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 1_000).await;
+    let mut s = setup(&db.url, 1_000);
+    s.fpp = 0.2; // false positives are easy to find
+    let proxy = TestProxy::spawn_ready(&config(&s)).await;
+
+    // A fresh key: answered 200 within one sync interval plus the poll itself.
+    let key = demo_absent_sku(1);
+    db.insert_product(key).await;
+    let inserted = Instant::now();
+    let mut first_ok = None;
+    while inserted.elapsed() < Duration::from_secs(10) {
+        if proxy.get(&format!("/enforced/{key}")).await.status.as_u16() == 200 {
+            first_ok = Some(inserted.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lag = first_ok.expect("an inserted key was served within 10s");
+    let bound = Duration::from_millis(SYNC_INTERVAL_MS + 1_000);
+    eprintln!("insert → 200 took {lag:?} (sync interval {SYNC_INTERVAL_MS}ms, bound {bound:?})");
+    assert!(lag <= bound, "took {lag:?}");
+
+    // A key that was a false positive (negative entry) and is then created.
+    let mut fp = None;
+    for i in 100..2_000 {
+        let k = demo_absent_sku(i);
+        if proxy.get(&format!("/api/products/{k}")).await.stage() == "miss" {
+            fp = Some(k);
+            break;
+        }
+    }
+    let fp = fp.expect("a false positive at p = 20%");
+    assert_eq!(
+        proxy.get(&format!("/api/products/{fp}")).await.stage(),
+        "negative-hit"
+    );
+    db.insert_product(fp).await;
+    let inserted = Instant::now();
+    wait_for(
+        "created false positive served",
+        Duration::from_secs(10),
+        async || {
+            proxy
+                .get(&format!("/api/products/{fp}"))
+                .await
+                .status
+                .as_u16()
+                == 200
+        },
+    )
+    .await;
+    eprintln!(
+        "negative entry → 200 after insert took {:?}",
+        inserted.elapsed()
+    );
+    assert!(inserted.elapsed() <= bound);
+    assert!(
+        proxy
+            .metric("bloomgate_filter_sync_keys_total{filter=\"products\"}")
+            .await
+            >= 2.0
+    );
+    assert!(
+        proxy
+            .metric("bloomgate_filter_sync_lag_seconds{filter=\"products\"}")
+            .await
+            < 60.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
+    let Some(server) = mysql_url() else { return };
+    const N: u64 = 20_000;
+    let db = Arc::new(TestDb::create(&server, N).await);
+    // Capacity just above the starting size, so the inserts below outgrow it.
+    let s = setup(&db.url, N + 1_000);
+    let proxy = Arc::new(TestProxy::spawn_ready(&config(&s)).await);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Keys i in [0, N/2) are never deleted; writers delete from [N/2, N).
+    let stable: Vec<u64> = (0..N / 2).map(demo_sku).collect();
+    let created: Arc<std::sync::Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let deleted = Arc::new(AtomicU64::new(0));
+
+    let mut writers = Vec::new();
+    for w in 0..4u64 {
+        let (db, stop, created, deleted) = (
+            Arc::clone(&db),
+            Arc::clone(&stop),
+            Arc::clone(&created),
+            Arc::clone(&deleted),
+        );
+        writers.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // New keys above every demo key; 4 writers never collide.
+                let batch: Vec<u64> = (0..20).map(|j| 10_000_000 + (i * 20 + j) * 4 + w).collect();
+                db.insert_products(&batch).await;
+                let now = Instant::now();
+                created
+                    .lock()
+                    .expect("lock")
+                    .extend(batch.iter().map(|k| (*k, now)));
+                db.delete_product(demo_sku(N / 2 + (i * 4 + w) % (N / 2)))
+                    .await;
+                deleted.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }));
+    }
+    let rebuilder = {
+        let (proxy, stop) = (Arc::clone(&proxy), Arc::clone(&stop));
+        tokio::spawn(async move {
+            // Let the inserts outgrow capacity first, so the automatic rebuild is seen
+            // (forced rebuilds size the filter from the row count and would pre-empt it).
+            let waited = Instant::now();
+            while waited.elapsed() < Duration::from_secs(8)
+                && proxy
+                    .metric("bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}")
+                    .await
+                    < 1.0
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let mut forced = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let r = proxy
+                    .admin_post(
+                        "/admin/filters/products/rebuild",
+                        Some("test-admin-token"),
+                        "",
+                    )
+                    .await;
+                assert_eq!(r.status.as_u16(), 202);
+                forced += 1;
+                tokio::time::sleep(Duration::from_millis(700)).await;
+            }
+            forced
+        })
+    };
+
+    let settle = Duration::from_millis(SYNC_INTERVAL_MS) + Duration::from_secs(SYNC_OVERLAP_S);
+    let started = Instant::now();
+    let mut asked = 0u64;
+    let mut refused: Vec<(u64, u16)> = Vec::new();
+    while started.elapsed() < Duration::from_secs(15) {
+        let fresh: Vec<u64> = created
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(_, at)| at.elapsed() >= settle)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut keys = stable.clone();
+        keys.extend(fresh);
+        asked += keys.len() as u64;
+        let client = proxy.client().clone();
+        let data = proxy.data;
+        let statuses = concurrently(keys, 32, move |k| {
+            let client = client.clone();
+            async move {
+                let r = client
+                    .send(
+                        Method::HEAD,
+                        &format!("http://{data}/enforced/{k}"),
+                        &[],
+                        Bytes::new(),
+                    )
+                    .await;
+                (k, r.status.as_u16())
+            }
+        })
+        .await;
+        refused.extend(statuses.into_iter().filter(|(_, s)| *s != 200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let forced = rebuilder.await.expect("rebuilder");
+    let created = created.lock().expect("lock").len();
+    let loads = proxy
+        .metric("bloomgate_filter_loads_total{filter=\"products\",result=\"ok\"}")
+        .await;
+    let capacity_rebuilds = proxy
+        .metric("bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}")
+        .await;
+    eprintln!(
+        "churn: {asked} reads, {} refused; {created} keys created and {} deleted by 4 writers; \
+         {forced} forced rebuilds requested, {loads} builds completed, {capacity_rebuilds} capacity rebuilds",
+        refused.len(),
+        deleted.load(Ordering::Relaxed)
+    );
+    assert!(
+        refused.is_empty(),
+        "present keys refused: {:?}",
+        &refused[..refused.len().min(10)]
+    );
+    assert!(loads >= 4.0, "only {loads} builds completed");
+    assert!(capacity_rebuilds >= 1.0, "no automatic capacity rebuild");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outgrowing_capacity_rebuilds_larger_and_keeps_the_target_rate() {
+    let Some(server) = mysql_url() else { return };
+    const CAP: u64 = 2_000;
+    let db = TestDb::create(&server, CAP).await;
+    let proxy = TestProxy::spawn_ready(&config(&setup(&db.url, CAP))).await;
+    // Three times the capacity in total.
+    let more: Vec<u64> = (CAP..3 * CAP).map(demo_sku).collect();
+    db.insert_products(&more).await;
+    wait_for("capacity rebuild", Duration::from_secs(30), async || {
+        proxy
+            .metric("bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}")
+            .await
+            >= 1.0
+            && proxy
+                .metric("bloomgate_filter_capacity{filter=\"products\"}")
+                .await
+                >= (3 * CAP) as f64
+            && proxy
+                .metric("bloomgate_filter_loads_total{filter=\"products\",result=\"ok\"}")
+                .await
+                >= 2.0
+    })
+    .await;
+    for k in more.iter().step_by(7) {
+        assert_eq!(
+            proxy.get(&format!("/enforced/{k}")).await.status.as_u16(),
+            200
+        );
+    }
+    const ABSENT: u64 = 20_000;
+    let client = proxy.client().clone();
+    let data = proxy.data;
+    let stages = concurrently((0..ABSENT).collect(), 64, move |i| {
+        let client = client.clone();
+        async move {
+            let r = client
+                .send(
+                    Method::GET,
+                    &format!("http://{data}/enforced/{}", demo_absent_sku(i)),
+                    &[],
+                    Bytes::new(),
+                )
+                .await;
+            r.stage().to_owned()
+        }
+    })
+    .await;
+    let passed = stages.iter().filter(|s| *s == "miss").count() as f64;
+    let rate = passed / ABSENT as f64;
+    let capacity = proxy
+        .metric("bloomgate_filter_capacity{filter=\"products\"}")
+        .await;
+    eprintln!(
+        "after growing to {} keys (capacity now {capacity}): measured false-positive rate {rate:.4} (target 0.01)",
+        3 * CAP
+    );
+    assert!(
+        rate <= 0.012,
+        "false-positive rate {rate} above 1.2 × target"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_are_warm_from_a_snapshot_and_bad_snapshots_are_rebuilt() {
+    let Some(server) = mysql_url() else { return };
+    const N: u64 = 50_000;
+    let db = TestDb::create(&server, N).await;
+    // Let the seeded rows fall outside the sync overlap, so a warm start has no reason
+    // to read them again.
+    tokio::time::sleep(Duration::from_secs(SYNC_OVERLAP_S + 1)).await;
+    let path = temp_path("products.snap");
+    let mut s = setup(&db.url, N);
+    s.snapshot = Some(&path);
+    let toml = config(&s);
+    {
+        let first = TestProxy::spawn_ready(&toml).await;
+        wait_for("snapshot written", Duration::from_secs(20), async || {
+            first
+                .metric("bloomgate_filter_snapshot_writes_total{filter=\"products\",result=\"ok\"}")
+                .await
+                >= 1.0
+        })
+        .await;
+    }
+    assert!(path.exists());
+    let good = std::fs::read(&path).expect("read snapshot");
+
+    let read_before = db.rows_read().await;
+    let warm = TestProxy::spawn_ready(&toml).await;
+    let f = warm.admin_get("/admin/filters").await.json();
+    assert_eq!(f["filters"][0]["last_load"]["origin"], "snapshot", "{f}");
+    let read = db.rows_read().await - read_before;
+    eprintln!("warm restart read {read} rows from MariaDB (the table has {N})");
+    assert!(read < N / 10, "warm start read {read} rows");
+    for i in (0..N).step_by(97) {
+        let r = warm.get(&format!("/enforced/{}", demo_sku(i))).await;
+        assert_eq!(r.status.as_u16(), 200);
+    }
+    let intercepted = {
+        let mut n = 0;
+        for i in 0..500 {
+            if warm
+                .get(&format!("/enforced/{}", demo_absent_sku(i)))
+                .await
+                .stage()
+                == "intercepted"
+            {
+                n += 1;
+            }
+        }
+        n
+    };
+    assert!(
+        intercepted >= 480,
+        "{intercepted} of 500 absent keys intercepted after a warm start"
+    );
+    drop(warm);
+
+    let mut truncated = good.clone();
+    truncated.truncate(good.len() / 2);
+    let mut flipped = good.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x40;
+    let mut wrong_version = good.clone();
+    wrong_version[8] = wrong_version[8].wrapping_add(1);
+    for (what, bytes) in [
+        ("truncated", truncated),
+        ("flipped byte", flipped),
+        ("wrong version", wrong_version),
+    ] {
+        std::fs::write(&path, &bytes).expect("write bad snapshot");
+        let proxy = TestProxy::spawn_ready(&toml).await;
+        let f = proxy.admin_get("/admin/filters").await.json();
+        assert_eq!(
+            f["filters"][0]["last_load"]["origin"], "source",
+            "{what}: {f}"
+        );
+        assert_eq!(
+            proxy
+                .metric(
+                    "bloomgate_filter_snapshot_loads_total{filter=\"products\",result=\"rejected\"}"
+                )
+                .await,
+            1.0,
+            "{what}"
+        );
+        for i in (0..N).step_by(997) {
+            assert_eq!(
+                proxy
+                    .get(&format!("/enforced/{}", demo_sku(i)))
+                    .await
+                    .status
+                    .as_u16(),
+                200,
+                "{what}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(path.parent().unwrap_or(&path));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_serves_and_counts_false_negatives_that_enforce_mode_refuses() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 1_000).await;
+    let mut s = setup(&db.url, 1_000);
+    s.sync = false;
+    s.fpp = 0.0001;
+    s.mode = "shadow";
+    let proxy = TestProxy::spawn_ready(&config(&s)).await;
+    // Keys inserted behind the proxy's back; with sync off the filter never learns them.
+    let hidden: Vec<u64> = (0..5).map(|i| demo_absent_sku(i * 13)).collect();
+    db.insert_products(&hidden).await;
+    for (n, k) in hidden.iter().enumerate() {
+        for round in 0..2 {
+            let r = proxy.get(&format!("/api/products/{k}")).await;
+            assert_eq!(r.status.as_u16(), 200, "shadow mode serves {k}");
+            assert_eq!(r.stage(), if round == 0 { "miss" } else { "hit" });
+            let fns = proxy
+                .metric("bloomgate_false_negatives_total{route=\"products\"}")
+                .await;
+            assert_eq!(
+                fns,
+                (n * 2 + round + 1) as f64,
+                "one false negative per request"
+            );
+        }
+        let r = proxy.get(&format!("/enforced/{k}")).await;
+        assert_eq!(
+            (r.status.as_u16(), r.stage()),
+            (404, "intercepted"),
+            "enforce mode refuses {k}"
+        );
+    }
+    let would = proxy
+        .metric("bloomgate_requests_total{outcome=\"would_intercept\",route=\"products\"}")
+        .await;
+    assert_eq!(would, 10.0);
+    // Present keys the filter knows are not false negatives.
+    let r = proxy.get(&format!("/api/products/{}", demo_sku(3))).await;
+    assert_eq!(r.status.as_u16(), 200);
+    assert_eq!(
+        proxy
+            .metric("bloomgate_false_negatives_total{route=\"products\"}")
+            .await,
+        10.0
+    );
+    assert_eq!(
+        proxy
+            .metric("bloomgate_false_negatives_total{route=\"enforced\"}")
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_the_proxy_adds_the_key_at_once() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 100).await;
+    let stub = StubUpstream::start((0..100).map(demo_sku)).await;
+    let toml = format!(
+        r#"
+[upstream]
+url = "{up}"
+[database]
+url = "{url}"
+[filters.products]
+source_query = "SELECT sku_id FROM products"
+expected_items = 1000
+false_positive_rate = 0.0001
+[[routes]]
+name = "products"
+path = "/api/products/{{id}}"
+key = {{ segment = "id" }}
+filter = "products"
+origin = {{ kind = "upstream" }}
+[[write_through]]
+path = "/api/products"
+methods = ["POST"]
+statuses = [201]
+filter = "products"
+key = {{ header = "location" }}
+[[write_through]]
+path = "/api/products/json"
+filter = "products"
+key = {{ json = "sku_id" }}
+"#,
+        up = stub.url(),
+        url = db.url
+    );
+    let proxy = TestProxy::spawn_ready(&toml).await;
+    let new_key = 987_654_321u64;
+    assert_eq!(
+        proxy.get(&format!("/api/products/{new_key}")).await.stage(),
+        "intercepted"
+    );
+    let r = proxy
+        .client()
+        .send(
+            Method::POST,
+            &format!("http://{}/api/products", proxy.data),
+            &[("content-type", "application/json")],
+            Bytes::from(format!("{{\"sku_id\":{new_key}}}")),
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), r.stage()), (201, "bypass"));
+    let r = proxy.get(&format!("/api/products/{new_key}")).await;
+    assert_eq!(
+        (r.status.as_u16(), r.stage()),
+        (200, "miss"),
+        "{}",
+        r.text()
+    );
+    // The JSON rule: the key is a field of the response body.
+    let json_key = 987_654_329u64;
+    let r = proxy
+        .client()
+        .send(
+            Method::POST,
+            &format!("http://{}/api/products/json", proxy.data),
+            &[],
+            Bytes::from(format!("{{\"sku_id\":{json_key}}}")),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 201);
+    assert_eq!(
+        r.json()["sku_id"],
+        json_key,
+        "the body is passed on after being read"
+    );
+    let r = proxy.get(&format!("/api/products/{json_key}")).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.stage());
+    assert_eq!(
+        proxy
+            .metric("bloomgate_write_through_keys_total{filter=\"products\"}")
+            .await,
+        2.0
+    );
+}
