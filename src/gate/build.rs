@@ -246,7 +246,7 @@ impl Gate {
             }
             Err(e) => {
                 self.building.store(None);
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -324,7 +324,7 @@ pub async fn fill(
                 Err(_) => skipped += 1,
             }
             seen += 1;
-            if seen % 65_536 == 0 {
+            if seen.is_multiple_of(65_536) {
                 progress(seen);
             }
         })
