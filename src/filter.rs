@@ -1,7 +1,8 @@
 //! The Bloom filter itself: sizing parameters, murmur3 double hashing and a lock-free
 //! array of atomic bits that any number of threads may insert into and query at once.
-//! It does not load keys, persist or restore snapshots, or decide what a "maybe" means
-//! for a request; it only answers "definitely absent" or "maybe present" for key bytes.
+//! It does not load keys or decide what a "maybe" means for a request; it only answers
+//! "definitely absent" or "maybe present" for key bytes. Its raw words can be read out and
+//! a filter rebuilt from them; the file format that does so lives in [`snapshot`].
 //!
 //! # Hashing
 //!
@@ -53,6 +54,16 @@ pub enum FilterError {
     TooLarge {
         /// The number of bits the requested parameters call for.
         bits: u64,
+    },
+    /// Raw words given to [`BloomFilter::from_raw`] do not fit the parameters with them.
+    #[error("raw bit array does not fit {bits} bits and {hashes} hashes: {problem}")]
+    BadLayout {
+        /// The bit count of the parameters.
+        bits: u64,
+        /// The hash count of the parameters.
+        hashes: u32,
+        /// What is wrong, with the numbers involved.
+        problem: String,
     },
 }
 
@@ -161,6 +172,78 @@ impl BloomFilter {
             items: AtomicU64::new(0),
             ones: AtomicU64::new(0),
         }
+    }
+
+    /// A filter from its raw parts, as [`iter_words`](Self::iter_words),
+    /// [`items`](Self::items), [`seed`](Self::seed) and [`params`](Self::params) gave them
+    /// out: the inverse of reading a filter out word by word. The count of set bits is
+    /// recomputed from the words.
+    ///
+    /// # Errors
+    ///
+    /// [`FilterError::BadLayout`] unless `params.bits` is in `1..=MAX_BITS`,
+    /// `params.hashes` is at least 1, there are exactly `ceil(bits / 64)` words and no
+    /// bit at or past `bits` is set. Unlike [`new`](Self::new), nothing is clamped: raw
+    /// words only mean something under the exact parameters they were set under.
+    pub fn from_raw(
+        params: BloomParams,
+        seed: u32,
+        items: u64,
+        words: Vec<u64>,
+    ) -> Result<Self, FilterError> {
+        let bad = |problem: String| FilterError::BadLayout {
+            bits: params.bits,
+            hashes: params.hashes,
+            problem,
+        };
+        if !(1..=MAX_BITS).contains(&params.bits) {
+            return Err(bad(format!("the bit count must be in 1..={MAX_BITS}")));
+        }
+        if params.hashes == 0 {
+            return Err(bad("the hash count must be at least 1".to_owned()));
+        }
+        let expected = params.bits.div_ceil(64);
+        if words.len() as u64 != expected {
+            return Err(bad(format!(
+                "expected {expected} words, got {}",
+                words.len()
+            )));
+        }
+        let tail = params.bits % 64;
+        if let Some(&last) = words.last()
+            && tail != 0
+            && last >> tail != 0
+        {
+            let bit = params.bits - tail + u64::from(63 - last.leading_zeros());
+            return Err(bad(format!("bit {bit} is set, past the end of the array")));
+        }
+        let ones = words.iter().map(|w| u64::from(w.count_ones())).sum();
+        Ok(Self {
+            params,
+            seed,
+            words: words.into_iter().map(AtomicU64::new).collect(),
+            items: AtomicU64::new(items),
+            ones: AtomicU64::new(ones),
+        })
+    }
+
+    /// The number of 64-bit words in the bit array: `ceil(bits / 64)`.
+    pub fn word_count(&self) -> usize {
+        self.words.len()
+    }
+
+    /// The words of the bit array in order (bit `i` is bit `i % 64` of word `i / 64`),
+    /// each read by its own `Relaxed` load as the iterator reaches it, so that a filter
+    /// can be streamed out without a second copy of the array.
+    ///
+    /// Under concurrent inserts the words are not one atomic picture: an insert that
+    /// races with the iteration may be included, partly included or missed. That is
+    /// harmless for a snapshot as long as the caller re-applies every key inserted after
+    /// it started iterating (as incremental sync does from the snapshot's watermark):
+    /// bits only go from 0 to 1, so a partial insert is completed by the replay and never
+    /// turns into a false negative for a key inserted before the iteration began.
+    pub fn iter_words(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        self.words.iter().map(|w| w.load(Ordering::Relaxed))
     }
 
     /// The parameters this filter was built with.

@@ -106,7 +106,7 @@ pub async fn build(
 
 /// Prints a snapshot's header and statistics after verifying it.
 pub fn inspect(path: &Path) -> anyhow::Result<()> {
-    let summary = snapshot::inspect(path).with_context(|| format!("reading {}", path.display()))?;
+    let summary = snapshot::inspect(path)?;
     println!("{summary}");
     Ok(())
 }

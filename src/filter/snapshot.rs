@@ -1,49 +1,632 @@
-//! Placeholder until the snapshot format lands.
-use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+//! Snapshot files of a Bloom filter: the on-disk format, the atomic write and the
+//! verifying read, so that a restart is warm. It does not decide when to snapshot or
+//! whether a snapshot's parameters suit the config; the gate does both.
+//!
+//! # Format, version 1
+//!
+//! Integers are little-endian; offsets are in bytes. `H` is the header length, `w` the
+//! word count `ceil(bits / 64)`.
+//!
+//! | offset  | size  | field               | contents                                          |
+//! |---------|-------|---------------------|---------------------------------------------------|
+//! | 0       | 8     | magic               | `b"BLOOMGT\0"`                                    |
+//! | 8       | 4     | format version      | u32, 1                                            |
+//! | 12      | 4     | header length `H`   | u32, 73 as written by version 1                   |
+//! | 16      | 8     | bits                | u64, `1..=2^40`                                   |
+//! | 24      | 4     | hashes              | u32, at least 1                                   |
+//! | 28      | 8     | expected items      | u64, the capacity the filter was sized for        |
+//! | 36      | 8     | false-positive rate | f64 bit pattern (`f64::to_bits`)                  |
+//! | 44      | 4     | seed                | u32, the murmur3 seed                             |
+//! | 48      | 8     | items               | u64, [`BloomFilter::items`] when written          |
+//! | 56      | 1     | watermark tag       | u8: 0 none, else [`Watermark::tag`]               |
+//! | 57      | 8     | watermark value     | i64, [`Watermark::value`]; 0 when the tag is 0    |
+//! | 65      | 8     | created at          | u64, Unix seconds                                 |
+//! | `H`     | `8w`  | words               | u64 each; bit `i` is bit `i % 64` of word `i / 64` |
+//! | `H+8w`  | 4     | checksum            | u32, CRC-32 (IEEE) of every byte before it        |
+//!
+//! A version 1 reader accepts `H > 73` and skips the header bytes it does not know (the
+//! checksum still covers them), so a field can be appended without a new version; any
+//! other change to the layout takes a new version, which older readers refuse.
+//!
+//! The seed is a secret: whoever knows it can compute keys that collide in the filter.
+//! Snapshot files are created readable by their owner only (on Unix), and
+//! [`SnapshotSummary`] leaves the seed out.
+//!
+//! # Reading
+//!
+//! A read checks, in this order, and stops at the first failure: the magic (on as many
+//! bytes as there are, so a short text file is foreign rather than truncated), the
+//! length of the fixed fields, the version, the header length, bits and hashes, the file
+//! length against the one the header implies, the checksum, the watermark tag and the
+//! creation time, and last the bit array itself ([`BloomFilter::from_raw`]). Header
+//! fields are checked before the checksum because the checksum can only be found once
+//! the header says how long the file is.
 
-use crate::filter::BloomFilter;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::{fmt, process};
+
+use super::{BloomFilter, BloomParams, FilterError, MAX_BITS};
 use crate::watermark::Watermark;
 
-#[derive(Debug, thiserror::Error)]
-pub enum SnapshotError {
-    #[error("io {path:?}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-}
+/// The first eight bytes of every snapshot file.
+pub const MAGIC: [u8; 8] = *b"BLOOMGT\0";
+
+/// The format version this build writes, and the only one it reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The header length of version 1: the fields of the table in the module docs.
+const HEADER_LEN: usize = 73;
+
+/// Magic, version and header length: what must be read before anything else.
+const PREAMBLE_LEN: usize = 16;
+
+/// The checksum after the words.
+const CHECKSUM_LEN: usize = 4;
+
+/// Bytes gathered before a write and a checksum update: large enough that both run at
+/// full speed, small enough to stay in cache.
+const CHUNK: usize = 64 * 1024;
+
+/// A filter restored from a snapshot file, with what the file recorded beside it.
+#[derive(Debug)]
 pub struct Snapshot {
+    /// The filter, with the parameters, seed, item count and bits it was written with.
     pub filter: BloomFilter,
+    /// Where incremental sync had got to when the snapshot was written; `None` if the
+    /// writer had no sync.
     pub watermark: Option<Watermark>,
+    /// When the snapshot was written, to the second.
     pub created_at: SystemTime,
 }
+
+/// What a successful [`write()`] produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SnapshotInfo {
+    /// The size of the file, in bytes.
     pub bytes: u64,
+    /// How long the write took, syncs and rename included.
     pub took: Duration,
 }
+
+/// Why a snapshot could not be written or was rejected on reading. The messages are
+/// meant to be read in a log line by an operator who has not seen this code.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The file system refused an operation.
+    #[error("cannot {action} snapshot {}: {source}", path.display())]
+    Io {
+        /// What was being done, as a verb phrase: `"read"`, `"write"`, `"sync"`, ...
+        action: &'static str,
+        /// The snapshot path (not the temporary file's).
+        path: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The file ends early, as after a crash of a writer that did not write atomically
+    /// or a copy that was cut short.
+    #[error("snapshot is truncated: {actual} bytes, at least {expected} needed")]
+    Truncated {
+        /// The full size the header implies, or, when the header itself is cut, the
+        /// smallest size the part read so far allows.
+        expected: u64,
+        /// The size of the file.
+        actual: u64,
+    },
+    /// The file does not start with [`MAGIC`].
+    #[error("not a bloomgate snapshot (the file does not start with the snapshot magic)")]
+    BadMagic,
+    /// The file was written in a format version this build cannot read.
+    #[error("unsupported snapshot format version {0}; this build reads version {FORMAT_VERSION}")]
+    UnsupportedVersion(u32),
+    /// The header contradicts itself or the file length.
+    #[error("snapshot header is inconsistent: {0}")]
+    BadHeader(String),
+    /// The checksum does not match the contents: the file was damaged after writing.
+    #[error(
+        "snapshot is corrupted: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+    )]
+    ChecksumMismatch {
+        /// The checksum in the file.
+        stored: u32,
+        /// The checksum of the contents as read.
+        computed: u32,
+    },
+    /// The checksum matched but the bit array does not fit the header's parameters, so
+    /// the writer itself was faulty.
+    #[error("snapshot does not hold a valid filter: {0}")]
+    Layout(FilterError),
+}
+
+/// A verified snapshot described for an operator: the output of
+/// `bloomgate filter inspect PATH`, through its `Display` impl. The seed is left out on
+/// purpose (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotSummary {
+    /// The file described.
+    pub path: PathBuf,
+    /// The size of the file, in bytes.
+    pub file_bytes: u64,
+    /// The format version of the file.
+    pub version: u32,
+    /// The filter's size: capacity, target rate, bits and hashes.
+    pub params: BloomParams,
+    /// The filter's item count when written.
+    pub items: u64,
+    /// The share of bits set, in `[0, 1]`.
+    pub fill_ratio: f64,
+    /// The false-positive rate implied by the fill: `fill_ratio ^ hashes`.
+    pub estimated_fpp: f64,
+    /// Where incremental sync had got to.
+    pub watermark: Option<Watermark>,
+    /// When the snapshot was written.
+    pub created_at: SystemTime,
+    /// How long ago that was; `None` if the creation time is ahead of this host's clock.
+    pub age: Option<Duration>,
+}
+
+/// Writes `filter` and `watermark` to `path` atomically: into a new temporary file in the
+/// same directory, synced, then renamed over `path`, then the directory synced. Readers
+/// see either the old file or the new one, never a mix; after a crash at any point `path`
+/// holds one of the two. The directory is created if missing, and the temporary file is
+/// removed on any error.
+///
+/// The filter may be inserted into meanwhile (see [`BloomFilter::iter_words`]): every
+/// key the watermark covers must have been inserted before the call, and every key
+/// inserted after it must be re-applied by whoever resumes from the watermark.
+///
+/// Runs blocking file I/O; call it from a blocking thread in async code.
+///
+/// # Errors
+///
+/// [`SnapshotError::Io`] naming the step that failed. If only the final directory sync
+/// fails, the new file is in place but might not survive a power cut.
 pub fn write(
-    _path: &Path,
-    _f: &BloomFilter,
-    _w: Option<Watermark>,
+    path: &Path,
+    filter: &BloomFilter,
+    watermark: Option<Watermark>,
 ) -> Result<SnapshotInfo, SnapshotError> {
+    let started = Instant::now();
+    let io = |action| {
+        move |source| SnapshotError::Io {
+            action,
+            path: path.to_owned(),
+            source,
+        }
+    };
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(dir).map_err(io("create the directory of"))?;
+    let mut temp = TempFile::create(dir, path).map_err(io("create a temporary file for"))?;
+    let header = Header::of(filter, watermark, SystemTime::now());
+    let bytes = write_contents(&mut temp.file, &header, filter).map_err(io("write"))?;
+    temp.file.sync_all().map_err(io("sync"))?;
+    temp.rename_onto(path)
+        .map_err(io("move the temporary file onto"))?;
+    sync_dir(dir).map_err(io("sync the directory of"))?;
     Ok(SnapshotInfo {
-        bytes: 0,
-        took: Duration::ZERO,
+        bytes,
+        took: started.elapsed(),
     })
 }
+
+/// Reads and verifies the snapshot at `path` and rebuilds its filter.
+///
+/// The whole file is read into memory first, so the peak is about twice the size of the
+/// bit array. Runs blocking file I/O; call it from a blocking thread in async code.
+///
+/// # Errors
+///
+/// [`SnapshotError::Io`] if the file cannot be read (`source.kind()` is `NotFound` when
+/// there is no snapshot yet); otherwise the first check that failed, in the order of the
+/// module docs.
 pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
-    Err(SnapshotError::Io {
+    let bytes = read_file(path)?;
+    decode(&bytes)
+}
+
+/// Reads and verifies the snapshot at `path` and describes it; see [`SnapshotSummary`].
+///
+/// # Errors
+///
+/// As [`read`].
+pub fn inspect(path: &Path) -> Result<SnapshotSummary, SnapshotError> {
+    let bytes = read_file(path)?;
+    let snapshot = decode(&bytes)?;
+    let stats = snapshot.filter.stats();
+    Ok(SnapshotSummary {
         path: path.to_owned(),
-        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        file_bytes: bytes.len() as u64,
+        version: FORMAT_VERSION,
+        params: snapshot.filter.params(),
+        items: stats.items,
+        fill_ratio: stats.fill_ratio,
+        estimated_fpp: stats.estimated_fpp,
+        watermark: snapshot.watermark,
+        created_at: snapshot.created_at,
+        age: SystemTime::now().duration_since(snapshot.created_at).ok(),
     })
 }
-pub struct SnapshotSummary;
-impl std::fmt::Display for SnapshotSummary {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("")
+
+impl fmt::Display for SnapshotSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.params;
+        writeln!(f, "snapshot       {}", self.path.display())?;
+        writeln!(
+            f,
+            "file           {} bytes ({}), format version {}",
+            self.file_bytes,
+            human_bytes(self.file_bytes),
+            self.version
+        )?;
+        writeln!(
+            f,
+            "sized for      {} keys at a false-positive rate of {}",
+            p.expected_items, p.false_positive_rate
+        )?;
+        writeln!(
+            f,
+            "bit array      {} bits ({}), {} hashes per key",
+            p.bits,
+            human_bytes(p.bits.div_ceil(64) * 8),
+            p.hashes
+        )?;
+        let share = self.items as f64 / p.expected_items.max(1) as f64;
+        writeln!(
+            f,
+            "items          {} ({:.1}% of capacity)",
+            self.items,
+            share * 100.0
+        )?;
+        writeln!(
+            f,
+            "fill ratio     {:.4} (estimated false-positive rate {})",
+            self.fill_ratio,
+            rate(self.estimated_fpp)
+        )?;
+        match self.watermark {
+            Some(w @ Watermark::Int(_)) => writeln!(f, "watermark      integer {w}")?,
+            Some(w @ Watermark::TimeMicros(_)) => writeln!(f, "watermark      timestamp {w}")?,
+            None => writeln!(f, "watermark      none (written without incremental sync)")?,
+        }
+        let secs = self
+            .created_at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let when = i64::try_from(secs)
+            .ok()
+            .and_then(|s| chrono::DateTime::<chrono::Utc>::from_timestamp(s, 0))
+            .map_or_else(
+                || format!("{secs} s after the epoch"),
+                |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            );
+        match self.age {
+            Some(age) => {
+                let age = humantime::format_duration(Duration::from_secs(age.as_secs()));
+                write!(f, "created        {when} ({age} ago)")
+            }
+            None => write!(f, "created        {when} (ahead of this host's clock)"),
+        }
     }
 }
-pub fn inspect(path: &Path) -> Result<SnapshotSummary, SnapshotError> {
-    read(path).map(|_| SnapshotSummary)
+
+/// A byte count in KiB or MiB with one decimal, for the summary.
+fn human_bytes(bytes: u64) -> String {
+    let kib = bytes as f64 / 1024.0;
+    if kib < 1024.0 {
+        format!("{kib:.1} KiB")
+    } else {
+        format!("{:.1} MiB", kib / 1024.0)
+    }
 }
+
+/// A rate readable at any size: fixed-point down to 0.001, scientific below.
+fn rate(x: f64) -> String {
+    if x == 0.0 || x >= 1e-3 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// The header fields, as in the table of the module docs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Header {
+    /// The header length `H`: where the words start.
+    header_len: u32,
+    params: BloomParams,
+    seed: u32,
+    items: u64,
+    /// 0 for no watermark, else [`Watermark::tag`]; checked only after the checksum.
+    watermark_tag: u8,
+    watermark_value: i64,
+    /// Unix seconds.
+    created_at: u64,
+}
+
+impl Header {
+    /// The header of a snapshot of `filter` taken at `now`.
+    fn of(filter: &BloomFilter, watermark: Option<Watermark>, now: SystemTime) -> Self {
+        Self {
+            header_len: HEADER_LEN as u32,
+            params: filter.params(),
+            seed: filter.seed(),
+            items: filter.items(),
+            watermark_tag: watermark.map_or(0, Watermark::tag),
+            watermark_value: watermark.map_or(0, Watermark::value),
+            created_at: now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        }
+    }
+
+    /// The file size this header implies. `bits` must be at most [`MAX_BITS`], so the
+    /// sum cannot overflow.
+    fn file_len(&self) -> u64 {
+        u64::from(self.header_len) + self.params.bits.div_ceil(64) * 8 + CHECKSUM_LEN as u64
+    }
+
+    /// The header bytes as written: magic, version and the fields, [`HEADER_LEN`] bytes.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.header_len.to_le_bytes());
+        out.extend_from_slice(&self.params.bits.to_le_bytes());
+        out.extend_from_slice(&self.params.hashes.to_le_bytes());
+        out.extend_from_slice(&self.params.expected_items.to_le_bytes());
+        out.extend_from_slice(&self.params.false_positive_rate.to_bits().to_le_bytes());
+        out.extend_from_slice(&self.seed.to_le_bytes());
+        out.extend_from_slice(&self.items.to_le_bytes());
+        out.push(self.watermark_tag);
+        out.extend_from_slice(&self.watermark_value.to_le_bytes());
+        out.extend_from_slice(&self.created_at.to_le_bytes());
+        debug_assert_eq!(out.len(), HEADER_LEN);
+        out
+    }
+
+    /// The fields after the preamble; `None` if `fields` is shorter than they are.
+    fn decode(header_len: u32, fields: &[u8]) -> Option<Self> {
+        let mut r = Fields(fields);
+        let bits = r.u64()?;
+        let hashes = r.u32()?;
+        let expected_items = r.u64()?;
+        let false_positive_rate = f64::from_bits(r.u64()?);
+        Some(Self {
+            header_len,
+            params: BloomParams {
+                expected_items,
+                false_positive_rate,
+                bits,
+                hashes,
+            },
+            seed: r.u32()?,
+            items: r.u64()?,
+            watermark_tag: r.take::<1>()?[0],
+            watermark_value: i64::from_le_bytes(r.take()?),
+            created_at: r.u64()?,
+        })
+    }
+}
+
+/// A cursor over little-endian fields.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+}
+
+/// Writes header, words and checksum to `file` in [`CHUNK`]-sized pieces. Returns the
+/// number of bytes written.
+fn write_contents(file: &mut File, header: &Header, filter: &BloomFilter) -> io::Result<u64> {
+    let mut buf = Vec::with_capacity(CHUNK + HEADER_LEN);
+    let mut crc = crc32fast::Hasher::new();
+    let mut written = 0u64;
+    let mut flush = |buf: &mut Vec<u8>| -> io::Result<()> {
+        crc.update(buf);
+        file.write_all(buf)?;
+        written += buf.len() as u64;
+        buf.clear();
+        Ok(())
+    };
+    buf.extend_from_slice(&header.encode());
+    for word in filter.iter_words() {
+        buf.extend_from_slice(&word.to_le_bytes());
+        if buf.len() >= CHUNK {
+            flush(&mut buf)?;
+        }
+    }
+    flush(&mut buf)?;
+    let checksum = crc.finalize().to_le_bytes();
+    file.write_all(&checksum)?;
+    Ok(written + checksum.len() as u64)
+}
+
+/// The whole file at `path`.
+fn read_file(path: &Path) -> Result<Vec<u8>, SnapshotError> {
+    fs::read(path).map_err(|source| SnapshotError::Io {
+        action: "read",
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Verifies a whole snapshot file and rebuilds its filter, checking in the order of the
+/// module docs.
+fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+    let actual = bytes.len() as u64;
+    let truncated = |expected: u64| SnapshotError::Truncated { expected, actual };
+
+    let seen = bytes.len().min(MAGIC.len());
+    if bytes[..seen] != MAGIC[..seen] {
+        return Err(SnapshotError::BadMagic);
+    }
+    let Some((preamble, rest)) = bytes.split_first_chunk::<PREAMBLE_LEN>() else {
+        return Err(truncated((HEADER_LEN + CHECKSUM_LEN) as u64));
+    };
+    let mut r = Fields(&preamble[MAGIC.len()..]);
+    let (Some(version), Some(header_len)) = (r.u32(), r.u32()) else {
+        return Err(truncated((HEADER_LEN + CHECKSUM_LEN) as u64));
+    };
+    if version != FORMAT_VERSION {
+        return Err(SnapshotError::UnsupportedVersion(version));
+    }
+    if (header_len as usize) < HEADER_LEN {
+        return Err(SnapshotError::BadHeader(format!(
+            "header length {header_len} is shorter than the {HEADER_LEN} bytes of version {FORMAT_VERSION}"
+        )));
+    }
+    let min_len = u64::from(header_len) + CHECKSUM_LEN as u64;
+    if actual < u64::from(header_len) {
+        return Err(truncated(min_len));
+    }
+    let header = Header::decode(header_len, rest).ok_or_else(|| truncated(min_len))?;
+    let params = header.params;
+    if !(1..=MAX_BITS).contains(&params.bits) {
+        return Err(SnapshotError::BadHeader(format!(
+            "bit count {} is outside 1..={MAX_BITS}",
+            params.bits
+        )));
+    }
+    if params.hashes == 0 {
+        return Err(SnapshotError::BadHeader("hash count is 0".to_owned()));
+    }
+    let expected = header.file_len();
+    if actual < expected {
+        return Err(truncated(expected));
+    }
+    if actual > expected {
+        return Err(SnapshotError::BadHeader(format!(
+            "the file is {actual} bytes but a header of {} bits implies {expected}",
+            params.bits
+        )));
+    }
+
+    let (body, stored) = bytes
+        .split_last_chunk::<CHECKSUM_LEN>()
+        .ok_or_else(|| truncated(expected))?;
+    let stored = u32::from_le_bytes(*stored);
+    let computed = crc32fast::hash(body);
+    if stored != computed {
+        return Err(SnapshotError::ChecksumMismatch { stored, computed });
+    }
+
+    let watermark = match header.watermark_tag {
+        0 => None,
+        tag => Some(
+            Watermark::from_parts(tag, header.watermark_value)
+                .ok_or_else(|| SnapshotError::BadHeader(format!("unknown watermark kind {tag}")))?,
+        ),
+    };
+    let created_at = UNIX_EPOCH
+        .checked_add(Duration::from_secs(header.created_at))
+        .ok_or_else(|| {
+            SnapshotError::BadHeader(format!(
+                "creation time {} s after the epoch is out of range",
+                header.created_at
+            ))
+        })?;
+    let (words, _) = body[header_len as usize..].as_chunks::<8>();
+    let words = words.iter().map(|w| u64::from_le_bytes(*w)).collect();
+    let filter = BloomFilter::from_raw(params, header.seed, header.items, words)
+        .map_err(SnapshotError::Layout)?;
+    Ok(Snapshot {
+        filter,
+        watermark,
+        created_at,
+    })
+}
+
+/// A temporary file beside the snapshot, removed on drop unless renamed into place.
+struct TempFile {
+    /// `None` once renamed, so drop leaves the file alone.
+    path: Option<PathBuf>,
+    file: File,
+}
+
+impl TempFile {
+    /// Creates `.NAME.PID.N.tmp` in `dir` for the snapshot `target`, where `N` is unique
+    /// in this process; a name left behind by a crashed process is stepped over.
+    fn create(dir: &Path, target: &Path) -> io::Result<Self> {
+        /// Distinguishes temporary files of concurrent writes within this process.
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = target.file_name().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name")
+        })?;
+        let mut attempts = 0;
+        loop {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let mut temp_name = std::ffi::OsString::from(".");
+            temp_name.push(name);
+            temp_name.push(format!(".{}.{n}.tmp", process::id()));
+            let path = dir.join(temp_name);
+            match create_new(&path) {
+                Ok(file) => {
+                    return Ok(Self {
+                        path: Some(path),
+                        file,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 100 => {
+                    attempts += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Renames the file onto `target`; from then on it is no longer temporary.
+    fn rename_onto(&mut self, target: &Path) -> io::Result<()> {
+        if let Some(path) = &self.path {
+            fs::rename(path, target)?;
+            self.path = None;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(path) = &self.path {
+            // Best effort: the write has already failed with a better error to report.
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Creates a file that must not exist yet, readable and writable by its owner only.
+fn create_new(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
+}
+
+/// Makes a rename in `dir` durable. Unix only: elsewhere a directory cannot be opened
+/// for syncing, and the rename is as durable as the platform makes it.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    File::open(dir)?.sync_all()?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

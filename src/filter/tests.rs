@@ -326,3 +326,70 @@ fn indexes_stay_below_the_bit_count() {
     };
     assert!(edge.into_iter().all(|i| i < 10));
 }
+
+#[test]
+fn from_raw_restores_what_iter_words_gave_out() {
+    let original = filter(10_000, 0.01);
+    let mut buf = [0; 20];
+    for i in 0..5_000 {
+        original.insert(decimal(i, &mut buf));
+    }
+    let words: Vec<u64> = original.iter_words().collect();
+    assert_eq!(words.len(), original.word_count());
+    let restored =
+        BloomFilter::from_raw(original.params(), original.seed(), original.items(), words)
+            .expect("a valid layout");
+    assert_eq!(restored.stats(), original.stats());
+    assert_eq!(restored.seed(), SEED);
+    assert_eq!(
+        restored.ones.load(Ordering::Relaxed),
+        original.ones.load(Ordering::Relaxed)
+    );
+    assert!((0..5_000).all(|i| restored.contains(decimal(i, &mut buf))));
+}
+
+#[test]
+fn from_raw_counts_ones_from_the_words() {
+    let params = BloomParams {
+        expected_items: 10,
+        false_positive_rate: 0.01,
+        bits: 130,
+        hashes: 2,
+    };
+    let filter = BloomFilter::from_raw(params, SEED, 3, vec![u64::MAX, 0b1011, 0b11])
+        .expect("a valid layout");
+    assert_eq!(filter.ones.load(Ordering::Relaxed), 64 + 3 + 2);
+    assert_eq!(popcount(&filter), 69);
+    assert_eq!(filter.items(), 3);
+    assert_eq!(filter.params(), params);
+}
+
+#[test]
+fn from_raw_rejects_a_layout_that_does_not_fit() {
+    let params = |bits, hashes| BloomParams {
+        expected_items: 10,
+        false_positive_rate: 0.01,
+        bits,
+        hashes,
+    };
+    let cases = [
+        (params(130, 2), vec![0, 0], "expected 3 words, got 2"),
+        (params(130, 2), vec![0; 4], "expected 3 words, got 4"),
+        // Bit 130 is bit 2 of the last word: the first bit past the end.
+        (params(130, 2), vec![0, 0, 0b100], "bit 130 is set"),
+        (params(130, 2), vec![0, 0, 1 << 63], "bit 191 is set"),
+        (params(0, 2), vec![], "bit count"),
+        (params(MAX_BITS + 1, 2), vec![], "bit count"),
+        (params(64, 0), vec![0], "hash count"),
+    ];
+    for (params, words, expected) in cases {
+        let err = BloomFilter::from_raw(params, SEED, 0, words).expect_err("a bad layout");
+        assert!(
+            matches!(&err, FilterError::BadLayout { problem, .. } if problem.contains(expected)),
+            "{expected}: {err:?}"
+        );
+    }
+    // A full last word is all inside the array.
+    let full = BloomFilter::from_raw(params(128, 2), SEED, 0, vec![u64::MAX; 2]);
+    assert!(full.is_ok_and(|f| f.stats().fill_ratio == 1.0));
+}

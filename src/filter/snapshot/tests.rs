@@ -1,0 +1,578 @@
+//! Tests of snapshot files: round trips, every rejection with its exact error, the
+//! atomic write, and an ignored timing run at ten million keys.
+
+use super::*;
+use std::time::Instant;
+
+const SEED: u32 = 0x5eed_b100;
+
+/// A directory under the system temp dir, unique to one test, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(test: &str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "bloomgate-snapshot-{test}-{}-{n}-{nanos}",
+            process::id()
+        ));
+        fs::create_dir_all(&dir).expect("create the test directory");
+        Self(dir)
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// The names in the directory, sorted.
+    fn names(&self) -> Vec<String> {
+        names(&self.0)
+    }
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .expect("list the directory")
+        .map(|e| {
+            e.expect("a directory entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("/users/{i}").into_bytes()
+}
+
+/// A filter sized for `n` keys at 1% holding keys `0..inserted`.
+fn filled(n: u64, inserted: u64) -> BloomFilter {
+    let filter = BloomFilter::new(BloomParams::optimal(n, 0.01).expect("valid params"), SEED);
+    for i in 0..inserted {
+        filter.insert(&key(i));
+    }
+    filter
+}
+
+/// The bytes of a valid snapshot of a small filter with an integer watermark.
+fn valid_bytes(dir: &TempDir) -> Vec<u8> {
+    let path = dir.join("valid.snap");
+    write(&path, &filled(1_000, 500), Some(Watermark::Int(77))).expect("write");
+    fs::read(&path).expect("read back")
+}
+
+/// Recomputes the trailing checksum after a deliberate edit, so that the check under test
+/// is the one that fires.
+fn reseal(bytes: &mut [u8]) {
+    let at = bytes.len() - CHECKSUM_LEN;
+    let crc = crc32fast::hash(&bytes[..at]);
+    bytes[at..].copy_from_slice(&crc.to_le_bytes());
+}
+
+#[test]
+fn round_trip_keeps_keys_stats_seed_and_watermark() {
+    let dir = TempDir::new("round-trip");
+    let filter = filled(10_000, 8_000);
+    for watermark in [
+        None,
+        Some(Watermark::Int(-5)),
+        Some(Watermark::Int(i64::MAX)),
+        Some(Watermark::TimeMicros(1_767_225_600_123_456)),
+    ] {
+        let path = dir.join("users.snap");
+        let before = SystemTime::now() - Duration::from_secs(1);
+        let info = write(&path, &filter, watermark).expect("write");
+        assert_eq!(info.bytes, fs::metadata(&path).expect("stat").len());
+        assert_eq!(
+            info.bytes,
+            (HEADER_LEN + filter.word_count() * 8 + CHECKSUM_LEN) as u64
+        );
+
+        let snap = read(&path).expect("read");
+        assert_eq!(snap.watermark, watermark);
+        assert!(snap.created_at >= before && snap.created_at <= SystemTime::now());
+        let loaded = snap.filter;
+        assert_eq!(loaded.params(), filter.params());
+        assert_eq!(loaded.seed(), SEED);
+        assert_eq!(loaded.stats(), filter.stats());
+        assert!(loaded.iter_words().eq(filter.iter_words()));
+        assert!((0..8_000).all(|i| loaded.contains(&key(i))));
+        // The reloaded filter keeps working: a new key lands under the same seed.
+        assert!(loaded.insert(b"/users/new"));
+        assert!(loaded.contains(b"/users/new"));
+    }
+}
+
+#[test]
+fn round_trip_of_empty_and_odd_sized_filters() {
+    let dir = TempDir::new("odd-sizes");
+    for bits in [1, 63, 64, 65, 1_000] {
+        let params = BloomParams {
+            expected_items: 10,
+            false_positive_rate: 0.05,
+            bits,
+            hashes: 3,
+        };
+        let filter = BloomFilter::new(params, 7);
+        let path = dir.join("odd.snap");
+        write(&path, &filter, None).expect("write empty");
+        assert_eq!(read(&path).expect("read empty").filter.stats().items, 0);
+        filter.insert(b"a");
+        filter.insert(b"b");
+        write(&path, &filter, None).expect("write");
+        let loaded = read(&path).expect("read").filter;
+        assert_eq!(loaded.params(), params, "bits = {bits}");
+        assert_eq!(loaded.stats(), filter.stats(), "bits = {bits}");
+        assert!(loaded.contains(b"a") && loaded.contains(b"b"));
+    }
+}
+
+#[test]
+fn the_layout_matches_the_documented_table() {
+    let dir = TempDir::new("layout");
+    let bytes = valid_bytes(&dir);
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let params = BloomParams::optimal(1_000, 0.01).expect("valid params");
+    assert_eq!(&bytes[..8], b"BLOOMGT\0");
+    assert_eq!(u32_at(8), 1);
+    assert_eq!(u32_at(12), 73);
+    assert_eq!(u64_at(16), params.bits);
+    assert_eq!(u32_at(24), params.hashes);
+    assert_eq!(u64_at(28), 1_000);
+    assert_eq!(f64::from_bits(u64_at(36)), 0.01);
+    assert_eq!(u32_at(44), SEED);
+    assert!(u64_at(48) > 490 && u64_at(48) <= 500);
+    assert_eq!(bytes[56], 1);
+    assert_eq!(u64_at(57), 77);
+    assert!(u64_at(65) > 1_700_000_000);
+    let words = params.bits.div_ceil(64) as usize;
+    assert_eq!(bytes.len(), 73 + 8 * words + 4);
+    let at = bytes.len() - 4;
+    assert_eq!(u32_at(at), crc32fast::hash(&bytes[..at]));
+}
+
+#[test]
+fn truncated_files_are_rejected_with_the_size_needed() {
+    let dir = TempDir::new("truncated");
+    let bytes = valid_bytes(&dir);
+    let full = bytes.len() as u64;
+    let min = (HEADER_LEN + CHECKSUM_LEN) as u64;
+    let cuts = [
+        (0, min),
+        (5, min),
+        (8, min),
+        (15, min),
+        (16, min),
+        (40, min),
+        (HEADER_LEN - 1, min),
+        (HEADER_LEN, full),
+        (HEADER_LEN + 3, full),
+        (HEADER_LEN + 4, full),
+        (bytes.len() / 2, full),
+        (bytes.len() - CHECKSUM_LEN, full),
+        (bytes.len() - 1, full),
+    ];
+    let path = dir.join("cut.snap");
+    for (cut, expected) in cuts {
+        fs::write(&path, &bytes[..cut]).expect("write the cut file");
+        let err = read(&path).expect_err("a truncated file");
+        assert!(
+            matches!(err, SnapshotError::Truncated { expected: e, actual } if e == expected && actual == cut as u64),
+            "cut at {cut}: {err:?}"
+        );
+        assert!(err.to_string().contains("truncated"), "{err}");
+    }
+}
+
+#[test]
+fn trailing_bytes_are_an_inconsistent_header() {
+    let dir = TempDir::new("trailing");
+    let mut bytes = valid_bytes(&dir);
+    bytes.extend_from_slice(&[0; 8]);
+    let err = decode(&bytes).expect_err("trailing bytes");
+    assert!(matches!(err, SnapshotError::BadHeader(_)), "{err:?}");
+    assert!(err.to_string().contains("implies"), "{err}");
+}
+
+#[test]
+fn a_flipped_byte_is_reported_as_corruption() {
+    let dir = TempDir::new("flipped");
+    let bytes = valid_bytes(&dir);
+    let last = bytes.len() - 1;
+    // Words (first, middle, last), header fields the length does not depend on, and the
+    // checksum itself.
+    for at in [
+        HEADER_LEN,
+        bytes.len() / 2,
+        last - CHECKSUM_LEN,
+        24,
+        30,
+        40,
+        44,
+        50,
+        56,
+        57,
+        70,
+        last,
+    ] {
+        let mut bad = bytes.clone();
+        bad[at] ^= 0x10;
+        let err = decode(&bad).expect_err("a flipped byte");
+        assert!(
+            matches!(err, SnapshotError::ChecksumMismatch { stored, computed } if stored != computed),
+            "flip at {at}: {err:?}"
+        );
+        assert!(err.to_string().contains("corrupted"), "{err}");
+    }
+}
+
+#[test]
+fn a_damaged_bit_count_is_caught_before_the_checksum() {
+    let dir = TempDir::new("damaged-bits");
+    let bytes = valid_bytes(&dir);
+    let bits = BloomParams::optimal(1_000, 0.01)
+        .expect("valid params")
+        .bits;
+    let with_bits = |bits: u64| {
+        let mut bad = bytes.clone();
+        bad[16..24].copy_from_slice(&bits.to_le_bytes());
+        decode(&bad).expect_err("a damaged bit count")
+    };
+    // A flipped top byte: far past the size limit.
+    let err = with_bits(bits ^ 1 << 56);
+    assert!(
+        matches!(&err, SnapshotError::BadHeader(m) if m.contains("outside")),
+        "{err:?}"
+    );
+    // More words than the file holds: indistinguishable from a cut.
+    let err = with_bits(bits + 640);
+    assert!(
+        matches!(err, SnapshotError::Truncated { expected, .. } if expected == bytes.len() as u64 + 80),
+        "{err:?}"
+    );
+    // Fewer: the file has bytes the header does not account for.
+    let err = with_bits(bits - 640);
+    assert!(
+        matches!(&err, SnapshotError::BadHeader(m) if m.contains("implies")),
+        "{err:?}"
+    );
+    // The same number of words: only the checksum can tell.
+    assert_ne!(bits % 64, 63, "the test needs room in the last word");
+    let err = with_bits(bits + 1);
+    assert!(
+        matches!(err, SnapshotError::ChecksumMismatch { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn zero_bits_or_hashes_are_an_inconsistent_header() {
+    let dir = TempDir::new("zero");
+    let bytes = valid_bytes(&dir);
+    let mut no_bits = bytes.clone();
+    no_bits[16..24].fill(0);
+    reseal(&mut no_bits);
+    let err = decode(&no_bits).expect_err("0 bits");
+    assert!(
+        matches!(&err, SnapshotError::BadHeader(m) if m.contains("bit count 0")),
+        "{err:?}"
+    );
+    let mut no_hashes = bytes.clone();
+    no_hashes[24..28].fill(0);
+    reseal(&mut no_hashes);
+    let err = decode(&no_hashes).expect_err("0 hashes");
+    assert!(
+        matches!(&err, SnapshotError::BadHeader(m) if m.contains("hash count is 0")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn foreign_files_are_not_snapshots() {
+    let dir = TempDir::new("foreign");
+    let path = dir.join("notes.txt");
+    for text in [
+        "this is a text file, not a snapshot of anything at all; long enough for a header\n"
+            .repeat(3),
+        "hi".to_owned(),
+        "BLOOMGX\0 nearly".to_owned(),
+    ] {
+        fs::write(&path, &text).expect("write the text file");
+        let err = read(&path).expect_err("a text file");
+        assert!(matches!(err, SnapshotError::BadMagic), "{text:?}: {err:?}");
+        assert!(
+            err.to_string().contains("not a bloomgate snapshot"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn other_versions_are_refused_by_number() {
+    let dir = TempDir::new("version");
+    let mut bytes = valid_bytes(&dir);
+    for version in [2u32, 0, u32::MAX] {
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
+        reseal(&mut bytes);
+        let err = decode(&bytes).expect_err("another version");
+        assert!(
+            matches!(err, SnapshotError::UnsupportedVersion(v) if v == version),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains(&format!("version {version}")),
+            "{err}"
+        );
+    }
+    // A version 2 file cut short is still refused for its version, not its length.
+    let err = decode(&bytes[..PREAMBLE_LEN]).expect_err("a short version 2 file");
+    assert!(
+        matches!(err, SnapshotError::UnsupportedVersion(u32::MAX)),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_short_header_length_is_inconsistent() {
+    let dir = TempDir::new("header-len");
+    let mut bytes = valid_bytes(&dir);
+    bytes[12..16].copy_from_slice(&40u32.to_le_bytes());
+    reseal(&mut bytes);
+    let err = decode(&bytes).expect_err("header length 40");
+    assert!(
+        matches!(&err, SnapshotError::BadHeader(m) if m.contains("40")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_longer_header_is_read_past() {
+    let dir = TempDir::new("header-ext");
+    let bytes = valid_bytes(&dir);
+    let mut longer = bytes[..HEADER_LEN].to_vec();
+    longer[12..16].copy_from_slice(&(HEADER_LEN as u32 + 8).to_le_bytes());
+    longer.extend_from_slice(b"newfield");
+    longer.extend_from_slice(&bytes[HEADER_LEN..]);
+    reseal(&mut longer);
+    let original = decode(&bytes).expect("the original");
+    let extended = decode(&longer).expect("a header with an appended field");
+    assert_eq!(extended.watermark, original.watermark);
+    assert!(
+        extended
+            .filter
+            .iter_words()
+            .eq(original.filter.iter_words())
+    );
+}
+
+#[test]
+fn an_unknown_watermark_kind_is_inconsistent() {
+    let dir = TempDir::new("watermark");
+    let mut bytes = valid_bytes(&dir);
+    bytes[56] = 9;
+    reseal(&mut bytes);
+    let err = decode(&bytes).expect_err("watermark tag 9");
+    assert!(
+        matches!(&err, SnapshotError::BadHeader(m) if m.contains("watermark kind 9")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn bits_past_the_end_are_a_layout_error() {
+    let dir = TempDir::new("layout-error");
+    let mut bytes = valid_bytes(&dir);
+    let bits = BloomParams::optimal(1_000, 0.01)
+        .expect("valid params")
+        .bits;
+    assert_ne!(bits % 64, 0, "the test needs a partly used last word");
+    let last_word = bytes.len() - CHECKSUM_LEN - 1;
+    bytes[last_word] |= 0x80;
+    reseal(&mut bytes);
+    let err = decode(&bytes).expect_err("a bit past the end");
+    assert!(
+        matches!(err, SnapshotError::Layout(FilterError::BadLayout { .. })),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("past the end"), "{err}");
+}
+
+#[test]
+fn a_missing_file_is_an_io_error() {
+    let dir = TempDir::new("missing");
+    let path = dir.join("absent.snap");
+    let err = read(&path).expect_err("no file");
+    assert!(
+        matches!(&err, SnapshotError::Io { source, path: p, .. } if source.kind() == io::ErrorKind::NotFound && *p == path),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("absent.snap"), "{err}");
+    assert!(matches!(inspect(&path), Err(SnapshotError::Io { .. })));
+}
+
+#[test]
+fn write_replaces_atomically_and_leaves_no_temporary_files() {
+    let dir = TempDir::new("atomic");
+    // The directory is created on the first write.
+    let path = dir.join("nested/deeper/users.snap");
+    let first = filled(1_000, 10);
+    write(&path, &first, Some(Watermark::Int(1))).expect("first write");
+    let second = filled(2_000, 1_500);
+    write(&path, &second, Some(Watermark::Int(2))).expect("second write");
+    let snap = read(&path).expect("read");
+    assert_eq!(snap.watermark, Some(Watermark::Int(2)));
+    assert_eq!(snap.filter.params(), second.params());
+    assert_eq!(snap.filter.stats(), second.stats());
+    assert_eq!(names(&dir.join("nested/deeper")), ["users.snap"]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the seed is a secret");
+    }
+}
+
+#[test]
+fn a_failed_write_removes_its_temporary_file() {
+    let dir = TempDir::new("failed");
+    // The rename fails: a file cannot replace a non-empty directory.
+    let path = dir.join("taken");
+    fs::create_dir_all(path.join("inside")).expect("create the obstacle");
+    let err = write(&path, &filled(100, 10), None).expect_err("rename onto a directory");
+    assert!(
+        matches!(&err, SnapshotError::Io { action, .. } if action.contains("move")),
+        "{err:?}"
+    );
+    assert_eq!(dir.names(), ["taken"]);
+    // No file name at all.
+    let err = write(Path::new("/"), &filled(100, 10), None).expect_err("the root");
+    assert!(matches!(err, SnapshotError::Io { .. }), "{err:?}");
+}
+
+#[test]
+fn concurrent_writes_to_one_path_leave_one_valid_file() {
+    let dir = TempDir::new("concurrent");
+    let path = dir.join("shared.snap");
+    let filter = filled(5_000, 2_000);
+    std::thread::scope(|s| {
+        for i in 0..4 {
+            let (path, filter) = (&path, &filter);
+            s.spawn(move || write(path, filter, Some(Watermark::Int(i))).expect("write"));
+        }
+    });
+    let snap = read(&path).expect("read");
+    assert_eq!(snap.filter.stats(), filter.stats());
+    assert_eq!(dir.names(), ["shared.snap"]);
+}
+
+#[test]
+fn inspect_describes_the_snapshot_without_the_seed() {
+    let dir = TempDir::new("inspect");
+    let path = dir.join("users.snap");
+    let filter = filled(10_000, 5_000);
+    let at = 1_767_225_600_000_000;
+    write(&path, &filter, Some(Watermark::TimeMicros(at))).expect("write");
+    let summary = inspect(&path).expect("inspect");
+    let stats = filter.stats();
+    assert_eq!(summary.path, path);
+    assert_eq!(summary.file_bytes, fs::metadata(&path).expect("stat").len());
+    assert_eq!(summary.version, FORMAT_VERSION);
+    assert_eq!(summary.params, filter.params());
+    assert_eq!(summary.items, stats.items);
+    assert_eq!(summary.fill_ratio, stats.fill_ratio);
+    assert_eq!(summary.estimated_fpp, stats.estimated_fpp);
+    assert_eq!(summary.watermark, Some(Watermark::TimeMicros(at)));
+    assert!(summary.age.is_some_and(|a| a < Duration::from_secs(60)));
+
+    let report = summary.to_string();
+    eprintln!("{report}");
+    for expected in [
+        "users.snap",
+        "format version 1",
+        "10000 keys at a false-positive rate of 0.01",
+        &format!("{} bits", filter.params().bits),
+        "7 hashes per key",
+        &format!("items          {}", stats.items),
+        "timestamp 2026-01-01T00:00:00.000000Z",
+        "ago)",
+    ] {
+        assert!(
+            report.contains(expected),
+            "{expected:?} missing from\n{report}"
+        );
+    }
+    assert!(
+        !report.contains(&SEED.to_string()),
+        "the seed leaked:\n{report}"
+    );
+    assert!(
+        !report.contains(&format!("{SEED:x}")),
+        "the seed leaked:\n{report}"
+    );
+    assert!(!format!("{summary:?}").contains(&SEED.to_string()));
+
+    let empty = dir.join("empty.snap");
+    write(&empty, &filled(100, 0), None).expect("write");
+    let report = inspect(&empty).expect("inspect").to_string();
+    assert!(report.contains("watermark      none"), "{report}");
+    assert!(report.contains("fill ratio     0.0000"), "{report}");
+}
+
+/// Ten million keys at 1%: about 11.4 MiB of words. Run with
+/// `cargo test --release --lib timing_snapshot -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing; run in release"]
+fn timing_snapshot_10m() {
+    const N: u64 = 10_000_000;
+    let dir = TempDir::new("timing");
+    let path = dir.join("ten-million.snap");
+    let started = Instant::now();
+    let filter = BloomFilter::new(BloomParams::optimal(N, 0.01).expect("valid params"), SEED);
+    let mut buf = itoa::Buffer::new();
+    for i in 0..N {
+        filter.insert(buf.format(i).as_bytes());
+    }
+    let built = started.elapsed();
+
+    let info = write(&path, &filter, Some(Watermark::Int(N as i64))).expect("write");
+    let started = Instant::now();
+    let snap = read(&path).expect("read");
+    let read_took = started.elapsed();
+    let started = Instant::now();
+    let summary = inspect(&path).expect("inspect");
+    let inspect_took = started.elapsed();
+
+    eprintln!(
+        "{N} keys at 1%: {} bytes ({}); build {built:?}, write {:?} (sync and rename \
+         included), read and verify {read_took:?}, inspect {inspect_took:?}",
+        info.bytes,
+        human_bytes(info.bytes),
+        info.took
+    );
+    assert_eq!(snap.filter.stats(), filter.stats());
+    assert!(
+        (0..N)
+            .step_by(997)
+            .all(|i| snap.filter.contains(buf.format(i).as_bytes()))
+    );
+    assert_eq!(summary.file_bytes, info.bytes);
+    assert!(
+        read_took < Duration::from_secs(1),
+        "read took {read_took:?}"
+    );
+}
