@@ -144,7 +144,7 @@ impl Admin {
                     "name": g.name(),
                     "ready": g.is_ready(),
                     "target_false_positive_rate": cfg.false_positive_rate,
-                    "capacity": cfg.expected_items,
+                    "capacity": stats.map_or(cfg.expected_items, |s| s.capacity),
                     "items": stats.map(|s| s.items),
                     "bits": stats.map(|s| s.bits),
                     "bytes": stats.map(|s| s.bytes),
@@ -152,6 +152,8 @@ impl Admin {
                     "fill_ratio": stats.map(|s| s.fill_ratio),
                     "estimated_false_positive_rate": stats.map(|s| s.estimated_fpp),
                     "last_load": g.load_status(),
+                    "sync_watermark": g.watermark().map(|w| w.to_string()),
+                    "snapshot_path": cfg.snapshot_path.as_ref().map(|p| p.display().to_string()),
                 })
             })
             .collect();

@@ -6,7 +6,8 @@
 //!
 //! - [`config`]: the TOML config, environment overrides and validation.
 //! - [`key`]: key normalisation, shared by requests and the filter loader.
-//! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits).
+//! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits);
+//!   `filter::snapshot` is its versioned, checksummed file format.
 //! - [`gate`]: the live filter per name, its verdict, readiness, capacity, and (in
 //!   `gate::build`) snapshots, full builds and rebuilds.
 //! - [`cache`]: positive and negative moka caches with coalesced loading.

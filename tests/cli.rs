@@ -207,3 +207,52 @@ async fn sigterm_finishes_in_flight_requests_then_exits_0() {
     // New connections are refused once it has stopped.
     assert!(std::net::TcpStream::connect(&data).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_build_writes_a_snapshot_that_inspect_verifies() {
+    let Some(server) = support::mysql_url() else {
+        return;
+    };
+    let db = support::TestDb::create(&server, 5_000).await;
+    let out = std::env::temp_dir()
+        .join(format!("bloomgate-cli-{:016x}", rand::random::<u64>()))
+        .join("products.bloom");
+    let config = format!(
+        "[database]\nurl = \"{}\"\n[filters.products]\nsource_query = \"SELECT sku_id FROM products\"\nexpected_items = 5000\nsync = {{ query = \"SELECT sku_id, updated_at FROM products WHERE updated_at >= ?\" }}\n",
+        db.url
+    );
+    let path = write_config("build.toml", &config);
+    let (code, text) = run(
+        &[
+            "filter",
+            "build",
+            "--config",
+            path.to_str().unwrap_or_default(),
+            "--out",
+            out.to_str().unwrap_or_default(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("5000 rows"), "{text}");
+    let (code, text) = run(
+        &["filter", "inspect", out.to_str().unwrap_or_default()],
+        &[],
+    );
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("sized for      5000 keys"), "{text}");
+    assert!(text.contains("watermark      timestamp"), "{text}");
+    assert!(!text.contains("seed"), "the seed is a secret: {text}");
+
+    let mut bytes = std::fs::read(&out).expect("read snapshot");
+    let last = bytes.len() - 10;
+    bytes[last] ^= 1;
+    std::fs::write(&out, &bytes).expect("corrupt snapshot");
+    let (code, text) = run(
+        &["filter", "inspect", out.to_str().unwrap_or_default()],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(text.contains("corrupted"), "{text}");
+    let _ = std::fs::remove_dir_all(out.parent().unwrap_or(&out));
+}

@@ -46,6 +46,11 @@ impl Gate {
             Some(path) => self.load_snapshot(&path).await,
             None => false,
         };
+        if warm && self.config.sync.is_none() {
+            // Without sync nothing brings keys created since the snapshot was written:
+            // rebuild now, while the snapshot serves.
+            self.request_rebuild(RebuildReason::Startup);
+        }
         if !warm {
             let mut delay = self.config.load_retry_initial;
             while let Err(e) = self.build_once(&db, RebuildReason::Startup).await {
