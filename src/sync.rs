@@ -23,13 +23,16 @@ pub async fn run(gate: Arc<Gate>, proxy: Arc<Proxy>, db: Db) {
     let query: Arc<str> = Arc::from(sync.query.as_str());
     let mut ticker = tokio::time::interval(sync.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ticker.tick().await;
     loop {
-        ticker.tick().await;
-        // Before the first build there is nothing to add to, and no watermark.
+        // Before the first build there is nothing to add to, and no watermark: wait for
+        // it, then poll at once (after a warm start, that catches up on the snapshot).
         let Some(mark) = gate.watermark().filter(|_| gate.is_ready()) else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
         poll_once(&gate, &proxy, &db, &sync, &query, mark).await;
+        ticker.tick().await;
     }
 }
 

@@ -248,8 +248,13 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
     let settle = Duration::from_millis(SYNC_INTERVAL_MS) + Duration::from_secs(SYNC_OVERLAP_S);
     let started = Instant::now();
     let mut asked = 0u64;
+    let mut asked_fresh = 0u64;
+    let mut rounds = 0u32;
     let mut refused: Vec<(u64, u16)> = Vec::new();
-    while started.elapsed() < Duration::from_secs(15) {
+    while (started.elapsed() < Duration::from_secs(15) || rounds < 3)
+        && started.elapsed() < Duration::from_secs(90)
+    {
+        rounds += 1;
         let fresh: Vec<u64> = created
             .lock()
             .expect("lock")
@@ -257,6 +262,7 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
             .filter(|(_, at)| at.elapsed() >= settle)
             .map(|(k, _)| *k)
             .collect();
+        asked_fresh += fresh.len() as u64;
         let mut keys = stable.clone();
         keys.extend(fresh);
         asked += keys.len() as u64;
@@ -292,7 +298,7 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
         .metric("bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}")
         .await;
     eprintln!(
-        "churn: {asked} reads, {} refused; {created} keys created and {} deleted by 4 writers; \
+        "churn: {rounds} rounds, {asked} reads ({asked_fresh} of newly synced keys), {} refused; {created} keys created and {} deleted by 4 writers; \
          {forced} forced rebuilds requested, {loads} builds completed, {capacity_rebuilds} capacity rebuilds",
         refused.len(),
         deleted.load(Ordering::Relaxed)
@@ -303,6 +309,10 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
         &refused[..refused.len().min(10)]
     );
     assert!(loads >= 4.0, "only {loads} builds completed");
+    assert!(
+        asked_fresh > 1_000,
+        "only {asked_fresh} reads of newly synced keys"
+    );
     assert!(capacity_rebuilds >= 1.0, "no automatic capacity rebuild");
 }
 
