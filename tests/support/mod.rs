@@ -101,25 +101,23 @@ impl TestDb {
 
     /// SELECT statements run so far by the proxy's user (MariaDB's USER_STATISTICS).
     pub async fn selects(&self) -> u64 {
-        let row = sqlx::query(
-            "SELECT CAST(COALESCE(SUM(SELECT_COMMANDS), 0) AS UNSIGNED) FROM information_schema.USER_STATISTICS WHERE USER = ?",
-        )
-        .bind(&self.user)
-        .fetch_one(&self.admin)
-        .await
-        .expect("read user statistics");
-        row.get::<u64, _>(0)
+        self.user_statistic("SELECT_COMMANDS").await
     }
 
-    /// Rows read so far by the proxy's user (MariaDB's USER_STATISTICS).
+    /// Rows read so far by the proxy's user.
     pub async fn rows_read(&self) -> u64 {
-        let row = sqlx::query(
-            "SELECT CAST(COALESCE(SUM(ROWS_READ), 0) AS UNSIGNED) FROM information_schema.USER_STATISTICS WHERE USER = ?",
-        )
-        .bind(&self.user)
-        .fetch_one(&self.admin)
-        .await
-        .expect("read user statistics");
+        self.user_statistic("ROWS_READ").await
+    }
+
+    async fn user_statistic(&self, column: &'static str) -> u64 {
+        let sql = format!(
+            "SELECT CAST(COALESCE(SUM({column}), 0) AS UNSIGNED) FROM information_schema.USER_STATISTICS WHERE USER = ?"
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(&self.user)
+            .fetch_one(&self.admin)
+            .await
+            .expect("read user statistics");
         row.get::<u64, _>(0)
     }
 
