@@ -210,6 +210,11 @@ impl App {
         self.data.local_addr().unwrap_or(self.config.server.listen)
     }
 
+    /// The data-plane handler (for benchmarks and tests that bypass sockets).
+    pub fn proxy(&self) -> Arc<Proxy> {
+        Arc::clone(&self.proxy)
+    }
+
     /// The bound admin-plane address.
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin.local_addr().unwrap_or(self.config.admin.listen)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName};
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
@@ -103,7 +103,7 @@ impl Proxy {
         if matches!(*req.method(), Method::GET | Method::HEAD)
             && let Some((route, segment)) = self.match_route(req.uri().path())
         {
-            return self.guarded(route, segment, &req).await;
+            return self.guarded(route, segment, req.uri()).await;
         }
         let write = write_through::matching(&self.write_through, &req);
         let resp = passthrough::forward(
@@ -120,20 +120,22 @@ impl Proxy {
         }
     }
 
+    /// Answers a GET for `uri` if a guarded route matches it, without a socket (the same
+    /// path `handle` takes; used by benchmarks and allocation tests).
+    pub async fn answer_guarded(&self, uri: &Uri) -> Option<Response<ProxyBody>> {
+        let (route, segment) = self.match_route(uri.path())?;
+        Some(self.guarded(route, segment, uri).await)
+    }
+
     fn match_route<'p>(&self, path: &'p str) -> Option<(&GuardedRoute, &'p str)> {
         self.routes
             .iter()
             .find_map(|r| r.pattern.matches(path).map(|seg| (r, seg)))
     }
 
-    async fn guarded(
-        &self,
-        route: &GuardedRoute,
-        segment: &str,
-        req: &Request<Incoming>,
-    ) -> Response<ProxyBody> {
+    async fn guarded(&self, route: &GuardedRoute, segment: &str, uri: &Uri) -> Response<ProxyBody> {
         let started = Instant::now();
-        let (served, counted, mut resp) = match self.decide(route, segment, req).await {
+        let (served, counted, mut resp) = match self.decide(route, segment, uri).await {
             Ok(answer) => answer,
             Err(e) => {
                 e.log(&route.label);
@@ -152,9 +154,9 @@ impl Proxy {
         &self,
         route: &GuardedRoute,
         segment: &str,
-        req: &Request<Incoming>,
+        uri: &Uri,
     ) -> Result<(Outcome, Outcome, Response<ProxyBody>), ProxyError> {
-        let raw = route.pattern.raw_key(segment, req.uri().query())?;
+        let raw = route.pattern.raw_key(segment, uri.query())?;
         let key = normalize(&route.normalize, raw)?;
 
         let mut bytes = KeyBytes::new();
@@ -193,7 +195,7 @@ impl Proxy {
             let t = Instant::now();
             let fetched = route
                 .origin
-                .fetch(&cache_key.key, req.uri().path_and_query())
+                .fetch(&cache_key.key, uri.path_and_query())
                 .await;
             route.metrics.observe_origin(t.elapsed());
             fetched

@@ -1,0 +1,96 @@
+//! The guarded pipeline in-process, without sockets: route match → key normalisation →
+//! gate → (refusal | cache hit) → response, through the same `Proxy` the server uses,
+//! on an embedded SQLite database. Run with `cargo bench --bench pipeline`.
+
+use std::hint::black_box;
+
+use bloomgate::App;
+use bloomgate::config::Config;
+use bloomgate::db::{Db, PoolSettings, demo_absent_sku, demo_sku};
+use bloomgate::gate::RebuildReason;
+use criterion::{Criterion, criterion_group, criterion_main};
+use futures_util::FutureExt;
+use http::Uri;
+
+const PRODUCTS: u64 = 100_000;
+
+fn pipeline(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = std::env::temp_dir().join(format!("bloomgate-bench-{}", std::process::id()));
+    let url = format!("sqlite://{}", dir.join("bench.db").display());
+    let proxy = rt.block_on(async {
+        let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
+        db.migrate().await.expect("migrate");
+        db.seed_demo_products(PRODUCTS).await.expect("seed");
+        let toml = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+             [database]\nurl = \"{url}\"\n\
+             [filters.products]\nsource_query = \"SELECT sku_id FROM products\"\nexpected_items = {PRODUCTS}\n\
+             [[routes]]\npath = \"/api/products/{{id}}\"\nkey = {{ segment = \"id\" }}\nfilter = \"products\"\n\
+             origin = {{ kind = \"sql\", query = \"SELECT sku_id, name, price FROM products WHERE sku_id = ?\" }}\n\
+             [[routes]]\npath = \"/api/product/info\"\nkey = {{ query = \"sku_id\" }}\nfilter = \"products\"\n\
+             origin = {{ kind = \"sql\", query = \"SELECT sku_id, name, price FROM products WHERE sku_id = ?\" }}\n"
+        );
+        let app = App::bind(Config::from_toml_str(&toml).expect("config"))
+            .await
+            .expect("bind");
+        let proxy = app.proxy();
+        proxy.routes()[0]
+            .gate
+            .build_once(&db, RebuildReason::Startup)
+            .await
+            .expect("build");
+        proxy
+    });
+
+    let absent: Vec<Uri> = (0..1_000)
+        .map(|i| {
+            format!("/api/products/{}", demo_absent_sku(i))
+                .parse()
+                .expect("uri")
+        })
+        .collect();
+    let present: Vec<Uri> = (0..1_000)
+        .map(|i| {
+            format!("/api/products/{}", demo_sku(i))
+                .parse()
+                .expect("uri")
+        })
+        .collect();
+    let present_query: Vec<Uri> = (0..1_000)
+        .map(|i| {
+            format!("/api/product/info?sku_id={}", demo_sku(i))
+                .parse()
+                .expect("uri")
+        })
+        .collect();
+    // Warm the cache so the hit benchmarks never reach the database.
+    rt.block_on(async {
+        for u in present.iter().chain(&present_query) {
+            proxy.answer_guarded(u).await;
+        }
+    });
+
+    let mut group = c.benchmark_group("pipeline");
+    let mut bench = |name: &str, uris: &[Uri]| {
+        let mut i = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 1) % uris.len();
+                let resp = proxy.answer_guarded(&uris[i]).now_or_never().flatten();
+                black_box(resp)
+            })
+        });
+    };
+    bench("gate_refusal_path_key", &absent);
+    bench("cache_hit_path_key", &present);
+    bench("cache_hit_query_key", &present_query);
+    group.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, pipeline);
+criterion_main!(benches);
