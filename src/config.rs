@@ -357,6 +357,9 @@ pub enum RouteMode {
     /// and origin; a key the origin finds after the gate called it absent is a false
     /// negative. For rolling out safely.
     Shadow,
+    /// The gate is not consulted: only the cache (with its negative entries) stands
+    /// between clients and the origin. For comparisons and emergencies.
+    Off,
 }
 
 /// A write that, when the upstream accepts it, adds a key to a filter at once.

@@ -160,7 +160,10 @@ impl Proxy {
         let key = normalize(&route.normalize, raw)?;
 
         let mut bytes = KeyBytes::new();
-        let verdict = route.gate.check(bytes.of(&key));
+        let verdict = match route.mode {
+            RouteMode::Off => Verdict::MaybePresent,
+            RouteMode::Enforce | RouteMode::Shadow => route.gate.check(bytes.of(&key)),
+        };
         let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
         if verdict == Verdict::Absent && !shadow_absent {
             // Short-circuit: the key is certainly absent; no cache, no origin.

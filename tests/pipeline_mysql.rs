@@ -420,3 +420,35 @@ async fn admin_calls_need_the_token_and_added_keys_pass_the_gate() {
     assert_eq!(f["ready"], true);
     assert_eq!(f["last_load"]["rows"], 1_002);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_gate_off_only_negative_caching_protects_the_database() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 1_000).await;
+    let toml = config(&db.url, 1_000, 0.01, "30s")
+        .replace("name = \"by_path\"", "name = \"by_path\"\nmode = \"off\"");
+    let proxy = TestProxy::spawn_ready(&toml).await;
+    let base = db.selects().await;
+    for i in 0..50 {
+        let r = proxy
+            .get(&format!("/api/products/{}", demo_absent_sku(i)))
+            .await;
+        assert_eq!((r.status.as_u16(), r.stage()), (404, "miss"));
+    }
+    assert_eq!(
+        db.selects().await - base,
+        50,
+        "every first request for an absent key is a lookup"
+    );
+    for i in 0..50 {
+        let r = proxy
+            .get(&format!("/api/products/{}", demo_absent_sku(i)))
+            .await;
+        assert_eq!((r.status.as_u16(), r.stage()), (404, "negative-hit"));
+    }
+    assert_eq!(
+        db.selects().await - base,
+        50,
+        "repeats are answered from negative entries"
+    );
+}
