@@ -46,6 +46,7 @@ token = "test-admin-token"
 [database]
 url = "{url}"
 max_connections = 32
+acquire_timeout = "10s"
 [cache]
 negative_ttl = "1m"
 [filters.products]
@@ -303,9 +304,17 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
         refused.len(),
         deleted.load(Ordering::Relaxed)
     );
+    // A 404 for a present key is a false negative; anything else (a 503 when the pool is
+    // saturated on an overloaded machine) is not, but must stay rare.
+    let not_found: Vec<&(u64, u16)> = refused.iter().filter(|(_, s)| *s == 404).collect();
     assert!(
-        refused.is_empty(),
-        "present keys refused: {:?}",
+        not_found.is_empty(),
+        "present keys answered 404: {:?}",
+        &not_found[..not_found.len().min(10)]
+    );
+    assert!(
+        (refused.len() as u64) * 1000 <= asked,
+        "too many failed reads: {:?}",
         &refused[..refused.len().min(10)]
     );
     assert!(loads >= 4.0, "only {loads} builds completed");
