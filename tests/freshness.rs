@@ -61,13 +61,13 @@ path = "/api/products/{{id}}"
 key = {{ segment = "id" }}
 filter = "products"
 mode = "{mode}"
-origin = {{ kind = "sql", query = "{LOOKUP}" }}
+origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
 [[routes]]
 name = "enforced"
 path = "/enforced/{{id}}"
 key = {{ segment = "id" }}
 filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}" }}
+origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
 "#,
         url = s.db_url,
         expected = s.expected,

@@ -17,7 +17,8 @@ fn config(db_url: &str, expected: u64, fpp: f64, negative_ttl: &str) -> String {
 token = "test-admin-token"
 [database]
 url = "{db_url}"
-max_connections = 8
+max_connections = 16
+acquire_timeout = "10s"
 [cache]
 negative_ttl = "{negative_ttl}"
 [filters.products]
@@ -29,13 +30,13 @@ name = "by_path"
 path = "/api/products/{{id}}"
 key = {{ segment = "id" }}
 filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}" }}
+origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
 [[routes]]
 name = "by_query"
 path = "/api/product/info"
 key = {{ query = "sku_id" }}
 filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}" }}
+origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
 "#
     )
 }
@@ -221,10 +222,10 @@ async fn no_false_negative_over_100k_present_keys_and_few_lookups_for_absent_one
         }
     })
     .await;
-    let refused: Vec<u64> = statuses
+    let refused: Vec<(u64, u16)> = statuses
         .iter()
         .filter(|(_, s)| *s != 200)
-        .map(|(i, _)| demo_sku(*i))
+        .map(|(i, s)| (demo_sku(*i), *s))
         .collect();
     assert!(
         refused.is_empty(),
