@@ -29,12 +29,30 @@ filter = "products"
 origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }
 "#;
 
-fn write_config(name: &str, text: &str) -> PathBuf {
+/// A config file in a temporary directory that is removed when this is dropped.
+struct TempConfig {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl TempConfig {
+    fn to_str(&self) -> Option<&str> {
+        self.path.to_str()
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn write_config(name: &str, text: &str) -> TempConfig {
     let dir = std::env::temp_dir().join(format!("bloomgate-cli-{:016x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write config");
-    path
+    TempConfig { dir, path }
 }
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
