@@ -74,6 +74,8 @@ fn pipeline(c: &mut Criterion) {
         }
     });
 
+    // The cache-hit path runs moka futures that expect a runtime context.
+    let _context = rt.enter();
     let mut group = c.benchmark_group("pipeline");
     let mut bench = |name: &str, uris: &[Uri]| {
         let mut i = 0usize;
