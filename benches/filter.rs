@@ -373,9 +373,8 @@ fn bench_filters(c: &mut Criterion) {
     };
     eprintln!("machine: {}", machine());
     eprintln!(
-        "crates: bloomgate {} (murmur3 {}), fastbloom {}, bloomfilter {}; {build} build, {mode}",
+        "crates: bloomgate {}, fastbloom {}, bloomfilter {}; {build} build, {mode}",
         env!("CARGO_PKG_VERSION"),
-        locked_version("murmur3"),
         locked_version("fastbloom"),
         locked_version("bloomfilter"),
     );

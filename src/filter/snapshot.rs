@@ -2,17 +2,17 @@
 //! verifying read, so that a restart is warm. It does not decide when to snapshot or
 //! whether a snapshot's parameters suit the config; the gate does both.
 //!
-//! # Format, version 1
+//! # Format, version 2
 //!
 //! Integers are little-endian; offsets are in bytes. `H` is the header length, `w` the
-//! word count `ceil(bits / 64)`.
+//! word count `bits / 64`.
 //!
 //! | offset  | size  | field               | contents                                          |
 //! |---------|-------|---------------------|---------------------------------------------------|
 //! | 0       | 8     | magic               | `b"BLOOMGT\0"`                                    |
-//! | 8       | 4     | format version      | u32, 1                                            |
-//! | 12      | 4     | header length `H`   | u32, 73 as written by version 1                   |
-//! | 16      | 8     | bits                | u64, `1..=2^40`                                   |
+//! | 8       | 4     | format version      | u32, 2                                            |
+//! | 12      | 4     | header length `H`   | u32, 73 as written by version 2                   |
+//! | 16      | 8     | bits                | u64, a multiple of 512 in `512..=2^40`            |
 //! | 24      | 4     | hashes              | u32, at least 1                                   |
 //! | 28      | 8     | expected items      | u64, the capacity the filter was sized for        |
 //! | 36      | 8     | false-positive rate | f64 bit pattern (`f64::to_bits`)                  |
@@ -24,7 +24,11 @@
 //! | `H`     | `8w`  | words               | u64 each; bit `i` is bit `i % 64` of word `i / 64` |
 //! | `H+8w`  | 4     | checksum            | u32, CRC-32 (IEEE) of every byte before it        |
 //!
-//! A version 1 reader accepts `H > 73` and skips the header bytes it does not know (the
+//! Words run in block order: block `b` is words `8b..8b + 8`. Version 1 had the same
+//! header over a classic, unblocked bit array; its bits mean nothing under the blocked
+//! probes, so version 1 files are refused like any other version and the gate rebuilds.
+//!
+//! A version 2 reader accepts `H > 73` and skips the header bytes it does not know (the
 //! checksum still covers them), so a field can be appended without a new version; any
 //! other change to the layout takes a new version, which older readers refuse.
 //!
@@ -49,16 +53,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use std::{fmt, process};
 
-use super::{BloomFilter, BloomParams, FilterError, MAX_BITS};
+use super::{BLOCK_BITS, BloomFilter, BloomParams, FilterError, MAX_BITS};
 use crate::watermark::Watermark;
 
 /// The first eight bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"BLOOMGT\0";
 
 /// The format version this build writes, and the only one it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
-/// The header length of version 1: the fields of the table in the module docs.
+/// The header length of version 2: the fields of the table in the module docs.
 const HEADER_LEN: usize = 73;
 
 /// Magic, version and header length: what must be read before anything else.
@@ -273,7 +277,7 @@ impl fmt::Display for SnapshotSummary {
             f,
             "bit array      {} bits ({}), {} hashes per key",
             p.bits,
-            human_bytes(p.bits.div_ceil(64) * 8),
+            human_bytes(p.bits / 8),
             p.hashes
         )?;
         let share = self.items as f64 / p.expected_items.max(1) as f64;
@@ -366,7 +370,7 @@ impl Header {
     /// The file size this header implies. `bits` must be at most [`MAX_BITS`], so the
     /// sum cannot overflow.
     fn file_len(&self) -> u64 {
-        u64::from(self.header_len) + self.params.bits.div_ceil(64) * 8 + CHECKSUM_LEN as u64
+        u64::from(self.header_len) + self.params.bits / 8 + CHECKSUM_LEN as u64
     }
 
     /// The header bytes as written: magic, version and the fields, [`HEADER_LEN`] bytes.
@@ -500,6 +504,12 @@ fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
     if !(1..=MAX_BITS).contains(&params.bits) {
         return Err(SnapshotError::BadHeader(format!(
             "bit count {} is outside 1..={MAX_BITS}",
+            params.bits
+        )));
+    }
+    if !params.bits.is_multiple_of(BLOCK_BITS) {
+        return Err(SnapshotError::BadHeader(format!(
+            "bit count {} is not a multiple of the {BLOCK_BITS}-bit block",
             params.bits
         )));
     }
