@@ -112,7 +112,9 @@ impl App {
             .filters
             .iter()
             .map(|(name, f)| {
-                let gate = Gate::new(name, f.clone(), metrics.filter(name));
+                let sync_interval = f.sync.as_ref().map(|s| s.interval);
+                let handles = metrics.filter(name, f.false_positive_rate, sync_interval);
+                let gate = Gate::new(name, f.clone(), handles);
                 (name.clone(), Arc::new(gate))
             })
             .collect();
@@ -158,7 +160,7 @@ impl App {
                 gate,
                 origin,
                 negative_ttl: r.negative_ttl.unwrap_or(config.cache.negative_ttl),
-                metrics: metrics.route(&label),
+                metrics: metrics.route(&label, &r.filter, r.mode.as_str()),
                 mode: r.mode,
                 logged_false_negatives: std::sync::Mutex::new(std::collections::HashSet::new()),
             });

@@ -362,6 +362,17 @@ pub enum RouteMode {
     Off,
 }
 
+impl RouteMode {
+    /// The mode as the config spells it, for metric labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteMode::Enforce => "enforce",
+            RouteMode::Shadow => "shadow",
+            RouteMode::Off => "off",
+        }
+    }
+}
+
 /// A write that, when the upstream accepts it, adds a key to a filter at once.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

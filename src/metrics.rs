@@ -33,6 +33,7 @@ pub struct Metrics {
     filter_estimated_fpp: GaugeVec,
     filter_ready: IntGaugeVec,
     filter_last_sync: GaugeVec,
+    filter_last_build: GaugeVec,
     filter_loads: IntCounterVec,
     filter_load_duration: GaugeVec,
     filter_keys_skipped: IntCounterVec,
@@ -46,6 +47,10 @@ pub struct Metrics {
     sync_keys: IntCounterVec,
     sync_polls: IntCounterVec,
     write_through: IntCounterVec,
+    origin_errors: IntCounterVec,
+    route_info: IntGaugeVec,
+    filter_target_fpp: GaugeVec,
+    filter_sync_interval: GaugeVec,
 }
 
 /// Label handles for one route, resolved once.
@@ -54,6 +59,7 @@ pub struct RouteMetrics {
     requests: Vec<IntCounter>,
     durations: Vec<Histogram>,
     origin: Histogram,
+    origin_errors: IntCounter,
     false_negatives: IntCounter,
 }
 
@@ -67,6 +73,12 @@ impl RouteMetrics {
     /// Records the duration of one origin call.
     pub fn observe_origin(&self, elapsed: Duration) {
         self.origin.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one failed origin call: a timeout, a connection or database error, or an
+    /// answer that is neither found nor not-found.
+    pub fn origin_error(&self) {
+        self.origin_errors.inc();
     }
 
     /// Counts a key the gate called absent that the origin found (shadow mode).
@@ -86,6 +98,7 @@ pub struct FilterMetrics {
     estimated_fpp: Gauge,
     ready: IntGauge,
     last_sync: Gauge,
+    last_build: Gauge,
     loads_ok: IntCounter,
     loads_failed: IntCounter,
     load_duration: Gauge,
@@ -123,10 +136,17 @@ impl FilterMetrics {
             self.loads_ok.inc();
             self.load_duration.set(took.as_secs_f64());
             self.last_sync.set(finished_unix);
+            self.last_build.set(finished_unix);
             self.keys_skipped.inc_by(skipped);
         } else {
             self.loads_failed.inc();
         }
+    }
+
+    /// Sets when the live filter's bits were built, for a filter restored from a snapshot
+    /// (the time the snapshot's build finished, not the time it was read).
+    pub fn set_built_at(&self, unix: f64) {
+        self.last_build.set(unix);
     }
 
     /// Counts a rebuild started because items exceeded capacity.
@@ -240,6 +260,13 @@ impl Metrics {
             ),
             &["filter"],
         )?;
+        let filter_last_build = GaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_last_build_timestamp_seconds",
+                "Unix time at which the live filter's last successful full build finished.",
+            ),
+            &["filter"],
+        )?;
         let filter_loads = IntCounterVec::new(
             Opts::new(
                 "bloomgate_filter_loads_total",
@@ -331,6 +358,34 @@ impl Metrics {
             ),
             &["filter"],
         )?;
+        let origin_errors = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_origin_errors_total",
+                "Origin calls that failed (timeout, connection or database error, unexpected status), by route.",
+            ),
+            &["route"],
+        )?;
+        let route_info = IntGaugeVec::new(
+            Opts::new(
+                "bloomgate_route_info",
+                "Always 1 per guarded route; labels name the filter that gates it and its mode.",
+            ),
+            &["route", "filter", "mode"],
+        )?;
+        let filter_target_fpp = GaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_target_fpp",
+                "The configured false-positive rate the filter is sized for.",
+            ),
+            &["filter"],
+        )?;
+        let filter_sync_interval = GaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_sync_interval_seconds",
+                "The configured incremental sync interval; only filters with sync have it.",
+            ),
+            &["filter"],
+        )?;
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "bloomgate_build_info",
@@ -353,6 +408,7 @@ impl Metrics {
         registry.register(Box::new(filter_estimated_fpp.clone()))?;
         registry.register(Box::new(filter_ready.clone()))?;
         registry.register(Box::new(filter_last_sync.clone()))?;
+        registry.register(Box::new(filter_last_build.clone()))?;
         registry.register(Box::new(filter_loads.clone()))?;
         registry.register(Box::new(filter_load_duration.clone()))?;
         registry.register(Box::new(filter_keys_skipped.clone()))?;
@@ -366,6 +422,10 @@ impl Metrics {
         registry.register(Box::new(sync_keys.clone()))?;
         registry.register(Box::new(sync_polls.clone()))?;
         registry.register(Box::new(write_through.clone()))?;
+        registry.register(Box::new(origin_errors.clone()))?;
+        registry.register(Box::new(route_info.clone()))?;
+        registry.register(Box::new(filter_target_fpp.clone()))?;
+        registry.register(Box::new(filter_sync_interval.clone()))?;
         registry.register(Box::new(build_info))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(
@@ -384,6 +444,7 @@ impl Metrics {
             filter_estimated_fpp,
             filter_ready,
             filter_last_sync,
+            filter_last_build,
             filter_loads,
             filter_load_duration,
             filter_keys_skipped,
@@ -397,12 +458,20 @@ impl Metrics {
             sync_keys,
             sync_polls,
             write_through,
+            origin_errors,
+            route_info,
+            filter_target_fpp,
+            filter_sync_interval,
         })
     }
 
-    /// Resolves the handles for one route; every outcome series exists from the start,
-    /// so rates are 0 rather than absent before the first request.
-    pub fn route(&self, route: &str) -> RouteMetrics {
+    /// Resolves the handles for one route, gated by `filter` in `mode`; every outcome
+    /// series exists from the start, so rates are 0 rather than absent before the first
+    /// request.
+    pub fn route(&self, route: &str, filter: &str, mode: &str) -> RouteMetrics {
+        self.route_info
+            .with_label_values(&[route, filter, mode])
+            .set(1);
         RouteMetrics {
             requests: Outcome::ALL
                 .iter()
@@ -416,12 +485,27 @@ impl Metrics {
                 })
                 .collect(),
             origin: self.origin_duration.with_label_values(&[route]),
+            origin_errors: self.origin_errors.with_label_values(&[route]),
             false_negatives: self.false_negatives.with_label_values(&[route]),
         }
     }
 
-    /// Resolves the handles for one filter.
-    pub fn filter(&self, filter: &str) -> FilterMetrics {
+    /// Resolves the handles for one filter sized for `target_fpp`, and publishes that
+    /// target and the sync interval (if the filter has sync) for rules to compare with.
+    pub fn filter(
+        &self,
+        filter: &str,
+        target_fpp: f64,
+        sync_interval: Option<Duration>,
+    ) -> FilterMetrics {
+        self.filter_target_fpp
+            .with_label_values(&[filter])
+            .set(target_fpp);
+        if let Some(interval) = sync_interval {
+            self.filter_sync_interval
+                .with_label_values(&[filter])
+                .set(interval.as_secs_f64());
+        }
         FilterMetrics {
             items: self.filter_items.with_label_values(&[filter]),
             capacity: self.filter_capacity.with_label_values(&[filter]),
@@ -431,6 +515,7 @@ impl Metrics {
             estimated_fpp: self.filter_estimated_fpp.with_label_values(&[filter]),
             ready: self.filter_ready.with_label_values(&[filter]),
             last_sync: self.filter_last_sync.with_label_values(&[filter]),
+            last_build: self.filter_last_build.with_label_values(&[filter]),
             loads_ok: self.filter_loads.with_label_values(&[filter, "ok"]),
             loads_failed: self.filter_loads.with_label_values(&[filter, "error"]),
             load_duration: self.filter_load_duration.with_label_values(&[filter]),

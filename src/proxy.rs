@@ -201,6 +201,9 @@ impl Proxy {
                 .fetch(&cache_key.key, uri.path_and_query())
                 .await;
             route.metrics.observe_origin(t.elapsed());
+            if fetched.is_err() {
+                route.metrics.origin_error();
+            }
             fetched
         };
         match self

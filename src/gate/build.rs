@@ -123,6 +123,10 @@ impl Gate {
         self.target_capacity
             .fetch_max(p.expected_items, Ordering::AcqRel);
         let items = snap.filter.items();
+        let built_at = snap
+            .created_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         {
             let _guard = lock(&self.writers);
             self.live.store(Some(Arc::new(snap.filter)));
@@ -132,6 +136,7 @@ impl Gate {
         }
         let took = started.elapsed();
         self.metrics.snapshot_load(true);
+        self.metrics.set_built_at(built_at);
         self.metrics.set_ready(true);
         self.update_status(|s| {
             *s = LoadStatus {
