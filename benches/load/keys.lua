@@ -1,6 +1,6 @@
 -- wrk script for the bloomgate load harness: one product key per request.
 --
---   wrk ... -s benches/load/keys.lua URL -- KIND PRODUCTS HOT [ABSENT_PCT | KEY]
+--   wrk ... -s benches/load/keys.lua URL -- KIND PRODUCTS HOT [ABSENT_PCT | KEY | COUNT THREADS [DONE]]
 --
 -- The database holds product i (0 <= i < PRODUCTS) under key 4i + 1 + (i mod 3):
 -- one present slot in each block of four, so the other three slots of a block are
@@ -11,6 +11,12 @@
 --   mix     ABSENT_PCT percent absent keys, the rest from the hot set
 --   walk    the hot set in order, each thread from its own starting point (warm-up)
 --   fixed   always the key KEY
+--   each    products 0 .. COUNT-1 once each, in order, split into THREADS contiguous
+--           ranges (THREADS must equal wrk's -t); a thread stops once it has an answer
+--           for every key of its range (requests still in flight then repeat the first
+--           key of the range) and, given DONE, creates the file DONE<thread number>.
+--           wrk itself runs for its whole -d unless sent SIGINT, which the caller can
+--           do once every thread's file is there.
 -- URL's path is ignored; requests go to /api/products/{key}.
 -- When the run ends, one line starting with RESULT gives the totals for the harness.
 
@@ -19,6 +25,7 @@ local kind, products, hot, pct, fixed_key = "absent", 3000000, 10000, 100, nil
 local stride = 300
 local walked = 0
 local id_counter = 0
+local first, last, next_i, answered, done_file = 0, 0, 0, 0, nil
 
 local function present_key(i)
   return 4 * i + 1 + (i % 3)
@@ -31,6 +38,18 @@ end
 
 local function hot_key(h)
   return present_key(h * stride)
+end
+
+-- Installed as response() by init() for kind "each" only: wrk reads a response's
+-- headers and body into Lua only when a response() function exists.
+local function each_response(status, headers, body)
+  answered = answered + 1
+  if answered == last - first then
+    if done_file then
+      io.open(done_file, "w"):close()
+    end
+    wrk.thread:stop()
+  end
 end
 
 function setup(thread)
@@ -49,6 +68,16 @@ function init(args)
   end
   stride = math.floor(products / hot)
   local n = thread_no or 1 -- set by setup() in each thread's own Lua state
+  if kind == "each" then
+    local count, threads = tonumber(args[4]), tonumber(args[5])
+    first = math.floor((n - 1) * count / threads)
+    last = math.floor(n * count / threads)
+    next_i = first
+    if args[6] then
+      done_file = args[6] .. n
+    end
+    response = each_response
+  end
   math.randomseed(os.time() * 1000 + n * 7919)
   walked = math.floor((n - 1) * hot / 2)
 end
@@ -68,6 +97,13 @@ function request()
   elseif kind == "walk" then
     key = hot_key(walked % hot)
     walked = walked + 1
+  elseif kind == "each" then
+    if next_i < last then
+      key = present_key(next_i)
+      next_i = next_i + 1
+    else
+      key = present_key(first)
+    end
   else
     return wrk.format(nil, prefix .. fixed_key)
   end
