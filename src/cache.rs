@@ -143,6 +143,12 @@ impl ResponseCache {
     /// Loads a missing key through `fetch`, coalescing concurrent callers for the same key
     /// into one call. A found answer becomes a positive entry; "not found" becomes a
     /// negative entry that lives `negative_ttl`; an error caches nothing.
+    ///
+    /// Two orderings keep a repeated absent key at one origin call. The negative entry is
+    /// stored inside the shared load, before the callers waiting on it are released, so a
+    /// request arriving just after them finds it. And a new load first looks for a
+    /// negative entry again: a caller whose own `lookup` missed may reach this point only
+    /// after another caller's load has finished and stored one.
     pub async fn load<F>(&self, key: CacheKey, negative_ttl: Duration, fetch: F) -> Loaded
     where
         F: Future<Output = Result<Fetched, OriginError>>,
@@ -151,10 +157,16 @@ impl ResponseCache {
         let result = self
             .positive
             .try_get_with(key.clone(), async {
+                if self.negative.contains_key(&key) {
+                    return Err(LoadMiss::NotFound);
+                }
                 leader.store(true, Ordering::Relaxed);
                 match fetch.await? {
                     Fetched::Found(response) => Ok(response),
-                    Fetched::NotFound => Err(LoadMiss::NotFound),
+                    Fetched::NotFound => {
+                        self.negative.insert(key.clone(), negative_ttl).await;
+                        Err(LoadMiss::NotFound)
+                    }
                 }
             })
             .await;
@@ -162,12 +174,7 @@ impl ResponseCache {
         match result {
             Ok(response) => Loaded::Found { response, leader },
             Err(miss) => match &*miss {
-                LoadMiss::NotFound => {
-                    if leader {
-                        self.negative.insert(key, negative_ttl).await;
-                    }
-                    Loaded::NotFound { leader }
-                }
+                LoadMiss::NotFound => Loaded::NotFound { leader },
                 LoadMiss::Origin(_) => Loaded::Failed {
                     error: miss,
                     leader,
@@ -199,5 +206,99 @@ impl ResponseCache {
     pub async fn sync(&self) {
         self.positive.run_pending_tasks().await;
         self.negative.run_pending_tasks().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn cache() -> ResponseCache {
+        ResponseCache::new(&CacheConfig::default())
+    }
+
+    fn key(n: u64) -> CacheKey {
+        CacheKey {
+            route: 0,
+            key: OwnedKey::Int(n),
+        }
+    }
+
+    /// An origin that knows no key, counting its calls; each call takes `delay`.
+    async fn absent(calls: &AtomicU64, delay: Duration) -> Result<Fetched, OriginError> {
+        calls.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(delay).await;
+        Ok(Fetched::NotFound)
+    }
+
+    #[tokio::test]
+    async fn a_load_after_a_finished_not_found_does_not_call_the_origin() {
+        // The caller's own lookup missed, but by the time it loads, another load has
+        // stored the negative entry: no second origin call.
+        let cache = cache();
+        let calls = AtomicU64::new(0);
+        let ttl = Duration::from_secs(30);
+        let first = cache
+            .load(key(7), ttl, absent(&calls, Duration::ZERO))
+            .await;
+        assert!(matches!(first, Loaded::NotFound { leader: true }));
+        let second = cache
+            .load(key(7), ttl, absent(&calls, Duration::ZERO))
+            .await;
+        assert!(matches!(second, Loaded::NotFound { leader: false }));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert!(matches!(cache.lookup(&key(7)).await, Lookup::NegativeHit));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn waves_of_requests_for_one_absent_key_make_one_origin_call() {
+        // Requests keep arriving while the first load runs and right after it ends;
+        // whatever their timing, the negative entry exists before any of them is
+        // released, so every later request is a negative hit.
+        let cache = cache();
+        let calls = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..200u64 {
+            let (cache, calls) = (cache.clone(), Arc::clone(&calls));
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_micros(i * 50)).await;
+                match cache.lookup(&key(9)).await {
+                    Lookup::NegativeHit => false,
+                    Lookup::Hit(_) => panic!("a positive entry for an absent key"),
+                    Lookup::Miss => {
+                        let loaded = cache
+                            .load(key(9), Duration::from_secs(30), async {
+                                absent(&calls, Duration::from_millis(3)).await
+                            })
+                            .await;
+                        matches!(loaded, Loaded::NotFound { leader: true })
+                    }
+                }
+            }));
+        }
+        let mut leaders = 0;
+        for t in tasks {
+            leaders += u64::from(t.await.expect("task"));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(leaders, 1);
+    }
+
+    #[tokio::test]
+    async fn errors_are_not_cached() {
+        let cache = cache();
+        let calls = AtomicU64::new(0);
+        for _ in 0..2 {
+            let loaded = cache
+                .load(key(3), Duration::from_secs(30), async {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Err(OriginError::Timeout(Duration::from_millis(1)))
+                })
+                .await;
+            assert!(matches!(loaded, Loaded::Failed { leader: true, .. }));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert!(matches!(cache.lookup(&key(3)).await, Lookup::Miss));
     }
 }
