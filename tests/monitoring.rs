@@ -387,12 +387,19 @@ fn promtool_lint(text: &str) -> String {
     findings
 }
 
-/// A port that was free a moment ago: Prometheus needs a number, not port 0.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// A port that was free a moment ago, other than those in `avoid`: Prometheus needs a
+/// number, not port 0, and the kernel may hand out a port just released again, so ports
+/// the test relies on staying closed are passed in.
+fn free_port(avoid: &[u16]) -> u16 {
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if !avoid.contains(&port) {
+            return port;
+        }
+    }
 }
 
 /// A Prometheus server in a temporary directory, killed when dropped.
@@ -403,7 +410,11 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    async fn start(targets: &[SocketAddr], rules: &str) -> Prometheus {
+    async fn start(targets: &[SocketAddr], keep_closed: &[u16], rules: &str) -> Prometheus {
+        // The unreachable targets must stay unreachable, so Prometheus must not get one
+        // of their ports.
+        let mut avoid: Vec<u16> = targets.iter().map(SocketAddr::port).collect();
+        avoid.extend(keep_closed);
         let dir = std::env::temp_dir().join(format!(
             "bloomgate-prometheus-{}-{:x}",
             std::process::id(),
@@ -423,7 +434,7 @@ impl Prometheus {
             "config",
             dir.join("prometheus.yml").to_str().expect("utf-8 path"),
         ]);
-        let port = free_port();
+        let port = free_port(&avoid);
         let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
         let child = Command::new(tool("prometheus"))
             .arg(format!(
@@ -700,7 +711,7 @@ async fn prometheus_evaluates_every_panel_and_rule_and_the_alerts_fire() {
             .await
             .expect("set up tiny_src");
     }
-    let dead_upstream: SocketAddr = format!("127.0.0.1:{}", free_port())
+    let dead_upstream: SocketAddr = format!("127.0.0.1:{}", free_port(&[]))
         .parse()
         .expect("address");
     let proxy = Arc::new(TestProxy::spawn(&config(&db, dead_upstream)).await);
@@ -755,10 +766,15 @@ async fn prometheus_evaluates_every_panel_and_rule_and_the_alerts_fire() {
         "promtool check metrics found problems:\n{lint}"
     );
 
-    let unreachable: SocketAddr = format!("127.0.0.1:{}", free_port())
+    let unreachable: SocketAddr = format!("127.0.0.1:{}", free_port(&[dead_upstream.port()]))
         .parse()
         .expect("address");
-    let prometheus = Prometheus::start(&[proxy.admin, unreachable], &rules_with_hold("2s")).await;
+    let prometheus = Prometheus::start(
+        &[proxy.admin, unreachable],
+        &[dead_upstream.port()],
+        &rules_with_hold("2s"),
+    )
+    .await;
     let client = HttpClient::new();
     let started = Instant::now();
 
