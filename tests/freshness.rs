@@ -483,6 +483,20 @@ async fn restarts_are_warm_from_a_snapshot_and_bad_snapshots_are_rebuilt() {
                 "{what}"
             );
         }
+        // The rebuild writes a fresh snapshot in the background. Let it land before the
+        // next case writes its bad file, or it could overwrite that file.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while proxy
+            .metric("bloomgate_filter_snapshot_writes_total{filter=\"products\",result=\"ok\"}")
+            .await
+            < 1.0
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: no snapshot written after the rebuild"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     let _ = std::fs::remove_dir_all(path.parent().unwrap_or(&path));
 }
