@@ -598,6 +598,38 @@ fn config(db: &TestDb, dead_upstream: SocketAddr) -> String {
         )
     })
     .collect();
+    let products = "SELECT sku_id FROM products";
+    let retry = "load_retry_initial = \"1s\"\nload_retry_max = \"5s\"";
+    let sync = |table: &str| {
+        format!(
+            "sync = {{ query = \"SELECT sku_id, updated_at FROM {table} WHERE updated_at >= ?\", interval = \"1s\" }}"
+        )
+    };
+    // (filter name, source query, capacity, further settings)
+    let filters: String = [
+        ("products", products, 10_000, sync("products")),
+        (
+            "tiny",
+            "SELECT sku_id FROM tiny_src",
+            TINY,
+            retry.to_owned(),
+        ),
+        (
+            "broken",
+            "SELECT sku_id FROM no_such_table",
+            100,
+            retry.to_owned(),
+        ),
+        ("stale", products, 10_000, sync("no_such_table")),
+    ]
+    .iter()
+    .map(|(name, source, capacity, extra)| {
+        format!(
+            "[filters.{name}]\nsource_query = \"{source}\"\nexpected_items = {capacity}\n\
+             false_positive_rate = 0.01\nnormalize = {{ kind = \"integer\" }}\n{extra}\n\n"
+        )
+    })
+    .collect();
     format!(
         r#"
 [admin]
@@ -612,36 +644,7 @@ timeout = "1s"
 [cache]
 negative_ttl = "2s"
 
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 10000
-false_positive_rate = 0.01
-normalize = {{ kind = "integer" }}
-sync = {{ query = "SELECT sku_id, updated_at FROM products WHERE updated_at >= ?", interval = "1s" }}
-
-[filters.tiny]
-source_query = "SELECT sku_id FROM tiny_src"
-expected_items = {TINY}
-false_positive_rate = 0.01
-normalize = {{ kind = "integer" }}
-load_retry_initial = "1s"
-load_retry_max = "5s"
-
-[filters.broken]
-source_query = "SELECT sku_id FROM no_such_table"
-expected_items = 100
-false_positive_rate = 0.01
-normalize = {{ kind = "integer" }}
-load_retry_initial = "1s"
-load_retry_max = "5s"
-
-[filters.stale]
-source_query = "SELECT sku_id FROM products"
-expected_items = 10000
-false_positive_rate = 0.01
-normalize = {{ kind = "integer" }}
-sync = {{ query = "SELECT sku_id, updated_at FROM no_such_table WHERE updated_at >= ?", interval = "1s" }}
-
+{filters}
 {routes}
 "#,
         url = db.url
