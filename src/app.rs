@@ -15,12 +15,12 @@ use tokio::sync::watch;
 
 use crate::admin::Admin;
 use crate::cache::ResponseCache;
-use crate::config::{Config, OriginConfig};
+use crate::config::{Config, KeySource, OriginConfig, UndeclaredQuery};
 use crate::db::{Db, PoolSettings};
 use crate::gate::Gate;
 use crate::metrics::Metrics;
 use crate::origin::Origin;
-use crate::proxy::route::PathPattern;
+use crate::proxy::route::{PathPattern, QueryRules};
 use crate::proxy::write_through::WriteThrough;
 use crate::proxy::{GuardedRoute, Proxy, ProxyBody};
 use crate::server::{self, Handler, ServeOptions};
@@ -126,7 +126,7 @@ impl App {
                 route: label.clone(),
                 reason,
             };
-            let pattern = PathPattern::parse(&r.path, &r.key).map_err(&fail)?;
+            let pattern = PathPattern::parse(&r.path, &r.key, r.match_options()).map_err(&fail)?;
             let gate = gates
                 .get(&r.filter)
                 .cloned()
@@ -162,6 +162,14 @@ impl App {
                 negative_ttl: r.negative_ttl.unwrap_or(config.cache.negative_ttl),
                 metrics: metrics.route(&label, &r.filter, r.mode.as_str()),
                 mode: r.mode,
+                query: QueryRules {
+                    key: match &r.key {
+                        KeySource::Query(name) => Some(name.clone()),
+                        KeySource::Segment(_) => None,
+                    },
+                    forward: r.forward_query.clone(),
+                    reject_undeclared: r.undeclared_query == UndeclaredQuery::Reject,
+                },
                 logged_false_negatives: std::sync::Mutex::new(std::collections::HashSet::new()),
             });
         }

@@ -72,6 +72,33 @@ pub struct Config {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// How many false positives each client may push through to the origin per window.
+    /// Off when absent.
+    #[serde(default)]
+    pub false_positive_budget: Option<BudgetConfig>,
+}
+
+/// The per-client budget of requests for absent keys that reach the origin.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// False positives one client address may cause per window; past it, its requests
+    /// that would need an origin call get 429 until the window ends.
+    pub per_client: u32,
+    /// Length of a window.
+    #[serde(default = "default_budget_window", with = "humantime_serde")]
+    pub window: Duration,
+    /// Counters per row of the sketch (four rows of 8-byte cells): 16384 is 512 KiB and
+    /// keeps thousands of hunting clients apart.
+    #[serde(default = "default_budget_slots")]
+    pub slots: usize,
+}
+
+fn default_budget_window() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_budget_slots() -> usize {
+    16_384
 }
 
 /// Data-plane listener and request limits.
@@ -88,6 +115,33 @@ pub struct ServerConfig {
     /// On SIGINT/SIGTERM, in-flight requests get this long to finish.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Largest request head (request line and headers) accepted; past it: 431.
+    pub max_header_bytes: usize,
+    /// Longest request target (path and query) accepted; past it: 414.
+    pub max_uri_bytes: usize,
+    /// Address ranges of proxies in front of bloomgate (load balancers) whose
+    /// `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` headers are believed. From
+    /// any other peer those headers are replaced, and the peer is the client.
+    pub trusted_proxies: Vec<String>,
+    /// Who sees the `x-bloomgate` header: `always`, `trusted` (clients in
+    /// `outcome_header_clients` only) or `never`. Metrics and logs carry the outcome in
+    /// every case.
+    pub outcome_header: OutcomeHeaderPolicy,
+    /// Client address ranges that see the `x-bloomgate` header under `trusted`.
+    pub outcome_header_clients: Vec<String>,
+}
+
+/// Who is told, in the `x-bloomgate` response header, which stage answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutcomeHeaderPolicy {
+    /// Every client (the demo's choice; handy while rolling out).
+    #[default]
+    Always,
+    /// Only clients whose address is in `server.outcome_header_clients`.
+    Trusted,
+    /// Nobody.
+    Never,
 }
 
 impl Default for ServerConfig {
@@ -97,6 +151,11 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             max_body_bytes: 1024 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            max_uri_bytes: 8 * 1024,
+            trusted_proxies: Vec::new(),
+            outcome_header: OutcomeHeaderPolicy::Always,
+            outcome_header_clients: Vec::new(),
         }
     }
 }
@@ -183,7 +242,9 @@ pub struct CacheConfig {
     /// Most negative entries (the gate's false positives); a separate bound, so a flood
     /// of absent keys cannot push found keys out.
     pub negative_max_entries: u64,
-    /// Lifetime of a negative entry: short, so a key created later is not hidden long.
+    /// Lifetime of a negative entry. A key admitted by sync, write-through or the admin
+    /// API drops its negative entries at once, so this mostly bounds how often one absent
+    /// key can reach the origin.
     #[serde(with = "humantime_serde")]
     pub negative_ttl: Duration,
 }
@@ -194,7 +255,7 @@ impl Default for CacheConfig {
             max_entries: 100_000,
             ttl: Duration::from_secs(300),
             negative_max_entries: 100_000,
-            negative_ttl: Duration::from_secs(30),
+            negative_ttl: Duration::from_secs(300),
         }
     }
 }
@@ -344,6 +405,40 @@ pub struct RouteConfig {
     /// `enforce` (refuse keys the gate calls absent) or `shadow` (only count them).
     #[serde(default)]
     pub mode: RouteMode,
+    /// Literal path segments match only in the same case (default: any case).
+    #[serde(default)]
+    pub case_sensitive: bool,
+    /// A trailing slash names another resource (default: the same one).
+    #[serde(default)]
+    pub strict_trailing_slash: bool,
+    /// Segment keys may contain `.` (default: refused with 400, since many upstreams
+    /// read `/products/42.json` as key 42).
+    #[serde(default)]
+    pub key_allows_dot: bool,
+    /// Query parameters sent on to an upstream origin; each is part of the cache key.
+    #[serde(default)]
+    pub forward_query: Vec<String>,
+    /// Other query parameters: `drop` them from the origin request (default) or
+    /// `reject` the request with 400.
+    #[serde(default)]
+    pub undeclared_query: UndeclaredQuery,
+    /// Request headers sent on to an upstream origin; each is part of the cache key.
+    #[serde(default)]
+    pub forward_headers: Vec<String>,
+    /// Headers set on every origin request of this route, e.g. an API key.
+    #[serde(default)]
+    pub upstream_headers: BTreeMap<String, String>,
+}
+
+/// What a guarded route does with query parameters it neither reads nor forwards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UndeclaredQuery {
+    /// Leave them out of the origin request and the cache key.
+    #[default]
+    Drop,
+    /// Answer 400 `undeclared_parameter`.
+    Reject,
 }
 
 /// Whether a route acts on the gate's verdict.
@@ -412,6 +507,106 @@ impl RouteConfig {
     pub fn label(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.path)
     }
+
+    /// How literally the route's path matches.
+    pub fn match_options(&self) -> crate::proxy::route::MatchOptions {
+        crate::proxy::route::MatchOptions {
+            case_sensitive: self.case_sensitive,
+            strict_trailing_slash: self.strict_trailing_slash,
+            key_allows_dot: self.key_allows_dot,
+        }
+    }
+}
+
+/// Request headers that are never forwarded to an origin as declared headers: they
+/// describe the connection or the hop, or bloomgate sets them itself.
+const NOT_FORWARDABLE: [&str; 12] = [
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "if-none-match",
+    "if-modified-since",
+];
+
+fn validate_forwarding(r: &RouteConfig, at: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    let upstream = matches!(r.origin, OriginConfig::Upstream { .. });
+    if !upstream
+        && (!r.forward_query.is_empty()
+            || !r.forward_headers.is_empty()
+            || !r.upstream_headers.is_empty())
+    {
+        return Err(ConfigError::invalid(
+            at("forward_query"),
+            "forward_query, forward_headers and upstream_headers apply to upstream origins only",
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for name in &r.forward_query {
+        if name.is_empty() || !seen.insert(name.to_ascii_lowercase()) {
+            return Err(ConfigError::invalid(
+                at("forward_query"),
+                format!("`{name}` is empty or listed twice (names match in any case)"),
+            ));
+        }
+        if let KeySource::Query(key) = &r.key
+            && key.eq_ignore_ascii_case(name)
+        {
+            return Err(ConfigError::invalid(
+                at("forward_query"),
+                format!("`{name}` is the key parameter; it is always sent, canonical"),
+            ));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (field, names) in [
+        (
+            "forward_headers",
+            r.forward_headers.iter().collect::<Vec<_>>(),
+        ),
+        ("upstream_headers", r.upstream_headers.keys().collect()),
+    ] {
+        for name in names {
+            let lower = name.to_ascii_lowercase();
+            if http::HeaderName::from_bytes(lower.as_bytes()).is_err() {
+                return Err(ConfigError::invalid(
+                    at(field),
+                    format!("`{name}` is not a header name"),
+                ));
+            }
+            if NOT_FORWARDABLE.contains(&lower.as_str()) {
+                return Err(ConfigError::invalid(
+                    at(field),
+                    format!(
+                        "`{name}` is a hop-by-hop or conditional header that bloomgate handles itself"
+                    ),
+                ));
+            }
+            if !seen.insert(lower) {
+                return Err(ConfigError::invalid(
+                    at(field),
+                    format!(
+                        "`{name}` is listed twice (forward_headers and upstream_headers included)"
+                    ),
+                ));
+            }
+        }
+    }
+    for (name, value) in &r.upstream_headers {
+        if http::HeaderValue::from_str(value).is_err() {
+            return Err(ConfigError::invalid(
+                at("upstream_headers"),
+                format!("the value of `{name}` is not a valid header value"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Where a route's key is read from.
@@ -517,6 +712,39 @@ impl Config {
             return Err(ConfigError::invalid(
                 "server.max_body_bytes",
                 "must be greater than 0",
+            ));
+        }
+        // hyper buffers at least 8 KiB of a request head, so a smaller bound cannot hold.
+        if !(8192..=1024 * 1024).contains(&self.server.max_header_bytes) {
+            return Err(ConfigError::invalid(
+                "server.max_header_bytes",
+                "must be between 8192 and 1048576",
+            ));
+        }
+        if self.server.max_uri_bytes < 256
+            || self.server.max_uri_bytes > self.server.max_header_bytes
+        {
+            return Err(ConfigError::invalid(
+                "server.max_uri_bytes",
+                "must be at least 256 and at most server.max_header_bytes",
+            ));
+        }
+        for (field, list) in [
+            ("server.trusted_proxies", &self.server.trusted_proxies),
+            (
+                "server.outcome_header_clients",
+                &self.server.outcome_header_clients,
+            ),
+        ] {
+            crate::client::Cidrs::parse(list)
+                .map_err(|reason| ConfigError::invalid(field, reason))?;
+        }
+        if self.server.outcome_header == OutcomeHeaderPolicy::Trusted
+            && self.server.outcome_header_clients.is_empty()
+        {
+            return Err(ConfigError::invalid(
+                "server.outcome_header_clients",
+                "outcome_header = \"trusted\" needs at least one address range here (or use \"never\")",
             ));
         }
         if self.server.header_read_timeout.is_zero() {
@@ -658,8 +886,9 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
-            crate::proxy::route::PathPattern::parse(&r.path, &r.key)
+            crate::proxy::route::PathPattern::parse(&r.path, &r.key, r.match_options())
                 .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
+            validate_forwarding(r, &at)?;
             if !names.insert(r.label().to_owned()) {
                 return Err(ConfigError::invalid(
                     at("name"),
@@ -768,6 +997,26 @@ impl Config {
                 return Err(ConfigError::invalid(
                     at("statuses"),
                     format!("{bad} is not an HTTP status"),
+                ));
+            }
+        }
+        if let Some(b) = &self.false_positive_budget {
+            if b.per_client == 0 {
+                return Err(ConfigError::invalid(
+                    "false_positive_budget.per_client",
+                    "must be greater than 0 (leave the section out to turn the budget off)",
+                ));
+            }
+            if b.window < Duration::from_secs(1) {
+                return Err(ConfigError::invalid(
+                    "false_positive_budget.window",
+                    "must be at least 1s",
+                ));
+            }
+            if !(64..=1 << 22).contains(&b.slots) {
+                return Err(ConfigError::invalid(
+                    "false_positive_budget.slots",
+                    "must be between 64 and 4194304",
                 ));
             }
         }
@@ -889,7 +1138,7 @@ mod tests {
     #[test]
     fn good_config_gets_defaults() {
         let c = Config::from_toml_str(GOOD).expect("valid");
-        assert_eq!(c.cache.negative_ttl, Duration::from_secs(30));
+        assert_eq!(c.cache.negative_ttl, Duration::from_secs(300));
         assert_eq!(c.filters["products"].false_positive_rate, 0.01);
         assert_eq!(c.route_normalize(&c.routes[0]), Normalize::Integer);
         assert_eq!(c.routes[0].label(), "/api/products/{id}");

@@ -17,6 +17,13 @@ pub enum ProxyError {
     /// The key is missing or malformed: 400, before any lookup.
     #[error(transparent)]
     BadKey(#[from] KeyError),
+    /// A path that cannot be normalised (a malformed escape) under a guarded route: 400.
+    #[error(transparent)]
+    BadPath(#[from] crate::proxy::path::PathError),
+    /// A spelling of a guarded path (an escaped `/`, a `\\`, `;` parameters) that an
+    /// upstream could read as the guarded resource without the gate judging it: 400.
+    #[error("the path is a non-canonical spelling of a guarded route")]
+    NonCanonicalPath,
     /// The request body exceeds `server.max_body_bytes`: 413.
     #[error("request body exceeds the configured limit")]
     BodyTooLarge,
@@ -38,7 +45,9 @@ impl ProxyError {
     /// The HTTP status this error answers with.
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadKey(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadKey(_) | ProxyError::BadPath(_) | ProxyError::NonCanonicalPath => {
+                StatusCode::BAD_REQUEST
+            }
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -51,6 +60,8 @@ impl ProxyError {
     pub fn as_str(&self) -> &'static str {
         match self {
             ProxyError::BadKey(k) => k.code(),
+            ProxyError::BadPath(_) => "bad_path",
+            ProxyError::NonCanonicalPath => "non_canonical_path",
             ProxyError::BodyTooLarge => "body_too_large",
             ProxyError::Timeout(_) => "origin_timeout",
             ProxyError::Unavailable(_) => "origin_unavailable",
@@ -73,7 +84,9 @@ impl ProxyError {
     pub fn into_response(self) -> Response<Bytes> {
         let message = match &self {
             ProxyError::BadKey(k) => k.to_string(),
-            ProxyError::BodyTooLarge => self.to_string(),
+            ProxyError::BodyTooLarge | ProxyError::BadPath(_) | ProxyError::NonCanonicalPath => {
+                self.to_string()
+            }
             _ => self
                 .status()
                 .canonical_reason()

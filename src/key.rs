@@ -29,6 +29,17 @@ pub enum KeyError {
     /// Contains control characters or invalid percent-encoding.
     #[error("the key contains characters that are not allowed")]
     InvalidCharacters,
+    /// A key segment that an upstream could read as another key: `;` parameters, an
+    /// escaped `/` or `\`, NUL, or a `.suffix` on a route that does not allow dots.
+    #[error("the key segment is not in canonical form (no ';', escaped '/' or '\\', or '.suffix')")]
+    NotCanonical,
+    /// The parameter (named from the config) appears twice, or in another case too.
+    #[error("the query parameter `{0}` is given more than once")]
+    Ambiguous(String),
+    /// A query parameter the route neither reads nor forwards, on a route that refuses
+    /// them.
+    #[error("the query parameter `{0}` is not accepted on this route")]
+    Undeclared(String),
 }
 
 impl KeyError {
@@ -41,6 +52,9 @@ impl KeyError {
             KeyError::OutOfRange => "key_out_of_range",
             KeyError::TooLong(_) => "key_too_long",
             KeyError::InvalidCharacters => "key_invalid_characters",
+            KeyError::NotCanonical => "key_not_canonical",
+            KeyError::Ambiguous(_) => "ambiguous_key",
+            KeyError::Undeclared(_) => "undeclared_parameter",
         }
     }
 }

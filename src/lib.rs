@@ -5,15 +5,19 @@
 //! # Layout
 //!
 //! - [`config`]: the TOML config, environment overrides and validation.
+//! - [`client`]: the client's address (the peer, or what a trusted proxy reports).
 //! - [`key`]: key normalisation, shared by requests and the filter loader.
 //! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits);
 //!   `filter::snapshot` is its versioned, checksummed file format.
 //! - [`gate`]: the live filter per name, its verdict, readiness, capacity, and (in
 //!   `gate::build`) snapshots, full builds and rebuilds.
+//! - [`http_cache`]: what HTTP caching rules let the cache do with an upstream answer.
+//! - [`budget`]: the per-client budget of false positives that reach the origin.
 //! - [`cache`]: positive and negative moka caches with coalesced loading.
 //! - [`origin`]: SQL lookups and upstream fetches for keys the gate let through.
 //! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming.
-//! - [`proxy`]: the data-plane handler (`proxy::route` matches routes, extracts keys).
+//! - [`proxy`]: the data-plane handler (`proxy::path` normalises request paths,
+//!   `proxy::route` matches routes, extracts keys and builds canonical origin targets).
 //! - [`passthrough`]: plain reverse proxying for routes that are not guarded.
 //! - [`upstream`]: the pooled HTTP client to the upstream API.
 //! - [`outcome`]: how a guarded request ended (metric label, log field, header).
@@ -29,13 +33,16 @@
 
 pub mod admin;
 pub mod app;
+pub mod budget;
 pub mod cache;
+pub mod client;
 pub mod config;
 pub mod db;
 pub mod demo;
 pub mod error;
 pub mod filter;
 pub mod gate;
+pub mod http_cache;
 pub mod key;
 pub mod metrics;
 pub mod origin;

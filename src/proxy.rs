@@ -2,6 +2,7 @@
 //! key → gate → cache → origin → response, each stage able to answer and stop. Every
 //! other request is passed through to the upstream. Serving sockets is `server`'s job.
 
+pub mod path;
 pub mod route;
 pub mod write_through;
 
@@ -16,16 +17,16 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::cache::{CacheKey, CachedResponse, Loaded, Lookup, ResponseCache};
-use crate::config::{Normalize, RouteMode};
+use crate::config::{KeySource, Normalize, RouteMode};
 use crate::error::ProxyError;
 use crate::gate::{Gate, Verdict};
-use crate::key::{KeyBytes, normalize};
+use crate::key::{KeyBytes, KeyError, normalize};
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
 use crate::origin::Origin;
 use crate::outcome::Outcome;
 use crate::passthrough;
 use crate::upstream::Upstream;
-use route::PathPattern;
+use route::{PathPattern, QueryRules};
 use write_through::WriteThrough;
 
 /// Response bodies: a buffer we made, or the upstream's stream passed through.
@@ -56,8 +57,20 @@ pub struct GuardedRoute {
     pub metrics: RouteMetrics,
     /// Enforce or shadow.
     pub mode: RouteMode,
+    /// Which query parameters are read, forwarded or refused.
+    pub query: QueryRules,
     /// Keys already logged as false negatives (bounded), so each is logged once.
     pub logged_false_negatives: std::sync::Mutex<std::collections::HashSet<crate::key::OwnedKey>>,
+}
+
+/// Where a request goes.
+enum Routing<'r, 'p> {
+    /// Through the pipeline of this route, matched on this canonical path.
+    Guarded(&'r GuardedRoute, std::borrow::Cow<'p, str>),
+    /// Refused with 400: a spelling of this route's resource that cannot be gated.
+    Refused(&'r GuardedRoute, ProxyError),
+    /// Not guarded: passed through as sent.
+    Pass,
 }
 
 /// Most false-negative keys remembered per route for log de-duplication.
@@ -100,10 +113,15 @@ impl Proxy {
 
     /// Answers one request.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
-        if matches!(*req.method(), Method::GET | Method::HEAD)
-            && let Some((route, segment)) = self.match_route(req.uri().path())
-        {
-            return self.guarded(route, segment, req.uri()).await;
+        if matches!(*req.method(), Method::GET | Method::HEAD) {
+            match self.route(req.uri().path()) {
+                Routing::Guarded(route, path) => {
+                    let segment = route.pattern.matches(&path).unwrap_or_default();
+                    return self.guarded(route, segment, req.uri()).await;
+                }
+                Routing::Refused(route, e) => return self.refused(route, e),
+                Routing::Pass => {}
+            }
         }
         let write = write_through::matching(&self.write_through, &req);
         let resp = passthrough::forward(
@@ -123,14 +141,65 @@ impl Proxy {
     /// Answers a GET for `uri` if a guarded route matches it, without a socket (the same
     /// path `handle` takes; used by benchmarks and allocation tests).
     pub async fn answer_guarded(&self, uri: &Uri) -> Option<Response<ProxyBody>> {
-        let (route, segment) = self.match_route(uri.path())?;
-        Some(self.guarded(route, segment, uri).await)
+        match self.route(uri.path()) {
+            Routing::Guarded(route, path) => {
+                let segment = route.pattern.matches(&path).unwrap_or_default();
+                Some(self.guarded(route, segment, uri).await)
+            }
+            Routing::Refused(route, e) => Some(self.refused(route, e)),
+            Routing::Pass => None,
+        }
     }
 
-    fn match_route<'p>(&self, path: &'p str) -> Option<(&GuardedRoute, &'p str)> {
-        self.routes
+    /// Which guarded route, if any, a request path names in any of its spellings.
+    fn route<'p>(&self, raw: &'p str) -> Routing<'_, 'p> {
+        if self.routes.is_empty() {
+            return Routing::Pass;
+        }
+        match path::canonical(raw) {
+            Ok(canonical) => {
+                if let Some(route) = self
+                    .routes
+                    .iter()
+                    .find(|r| r.pattern.matches(&canonical).is_some())
+                {
+                    return Routing::Guarded(route, canonical);
+                }
+                // Matches nothing as written. A path without escapes, '\' or ';' reads
+                // the same to every upstream, so it is not guarded.
+                if !raw.contains(['%', '\\', ';']) {
+                    return Routing::Pass;
+                }
+                self.lenient_route(raw, ProxyError::NonCanonicalPath)
+            }
+            Err(e) => self.lenient_route(raw, ProxyError::BadPath(e)),
+        }
+    }
+
+    /// Refuses a path that a lenient upstream would read as a guarded resource; passes
+    /// anything else through as the client sent it.
+    fn lenient_route<'p>(&self, raw: &'p str, error: ProxyError) -> Routing<'_, 'p> {
+        let lenient = path::lenient(raw);
+        match self
+            .routes
             .iter()
-            .find_map(|r| r.pattern.matches(path).map(|seg| (r, seg)))
+            .find(|r| r.pattern.lenient_matches(&lenient))
+        {
+            Some(route) => Routing::Refused(route, error),
+            None => Routing::Pass,
+        }
+    }
+
+    /// The 400 for a guarded path spelled in a way that cannot be gated safely.
+    fn refused(&self, route: &GuardedRoute, e: ProxyError) -> Response<ProxyBody> {
+        e.log(&route.label);
+        route.metrics.observe(Outcome::Error, Duration::ZERO);
+        let mut resp = error_response(e);
+        resp.headers_mut().insert(
+            X_BLOOMGATE,
+            HeaderValue::from_static(Outcome::Error.header_value()),
+        );
+        resp
     }
 
     async fn guarded(&self, route: &GuardedRoute, segment: &str, uri: &Uri) -> Response<ProxyBody> {
@@ -156,7 +225,12 @@ impl Proxy {
         segment: &str,
         uri: &Uri,
     ) -> Result<(Outcome, Outcome, Response<ProxyBody>), ProxyError> {
-        let raw = route.pattern.raw_key(segment, uri.query())?;
+        let query = route.query.read(uri.query())?;
+        let raw = match route.pattern.key_source() {
+            KeySource::Segment(_) => route.pattern.segment_key(segment)?,
+            // The name comes from the config, never from the request.
+            KeySource::Query(name) => query.key.ok_or_else(|| KeyError::Missing(name.clone()))?,
+        };
         let key = normalize(&route.normalize, raw)?;
 
         let mut bytes = KeyBytes::new();

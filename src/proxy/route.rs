@@ -1,13 +1,22 @@
-//! Route matching and key extraction: which guarded route a request path belongs to, and
-//! the raw key it carries (query parameter or path segment), percent-decoded. It does not
-//! normalise (see `key`) and does not look anything up. Matching allocates nothing.
+//! Route matching and key extraction on the canonical path (see `path`): which guarded
+//! route a request belongs to, the raw key it carries (a path segment or one query
+//! parameter), the query parameters the route forwards, and the one canonical request
+//! target an upstream origin is sent for a key. It does not normalise keys (see `key`)
+//! and looks nothing up. Matching a canonical request allocates nothing.
 
 use std::borrow::Cow;
 
-use percent_encoding::percent_decode_str;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 
 use crate::config::KeySource;
 use crate::key::KeyError;
+
+/// Everything but RFC 3986 unreserved characters is escaped in the targets we build.
+const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// One segment of a path pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,22 +25,55 @@ enum Segment {
     Param,
 }
 
+/// How literally a pattern matches a canonical path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MatchOptions {
+    /// Literal segments match only in the same case (default: any case, as most
+    /// upstream frameworks route).
+    pub case_sensitive: bool,
+    /// `/a/b/` is another resource than `/a/b` (default: the same).
+    pub strict_trailing_slash: bool,
+    /// A key segment may contain `.` (default: refused, since many upstreams read
+    /// `42.json` as key 42 in JSON).
+    pub key_allows_dot: bool,
+}
+
 /// A compiled path pattern such as `/api/products/{id}`.
 #[derive(Debug, Clone)]
 pub struct PathPattern {
     segments: Vec<Segment>,
     key: KeySource,
+    options: MatchOptions,
 }
 
 impl PathPattern {
     /// Compiles `path` for a key read from `key`. The error is a reason for the config.
-    pub fn parse(path: &str, key: &KeySource) -> Result<PathPattern, String> {
+    pub fn parse(
+        path: &str,
+        key: &KeySource,
+        options: MatchOptions,
+    ) -> Result<PathPattern, String> {
         let Some(rest) = path.strip_prefix('/') else {
             return Err("must start with '/'".to_owned());
         };
         if path.contains(['?', '#']) {
             return Err(
                 "must not contain '?' or '#'; name query keys with key = { query = … }".to_owned(),
+            );
+        }
+        match super::path::canonical(path) {
+            Ok(c) if c == path => {}
+            Ok(c) => {
+                return Err(format!(
+                    "must be written in canonical form (no `.`/`..` or empty segments, escapes only for reserved characters, in upper case): `{c}`"
+                ));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+        if path.len() > 1 && path.ends_with('/') {
+            return Err(
+                "must not end with '/'; use strict_trailing_slash for routes where it matters"
+                    .to_owned(),
             );
         }
         let mut segments = Vec::new();
@@ -72,6 +114,7 @@ impl PathPattern {
         Ok(PathPattern {
             segments,
             key: key.clone(),
+            options,
         })
     }
 
@@ -79,10 +122,11 @@ impl PathPattern {
     /// the key comes from the path, in which case its name must match.
     pub fn parse_write(path: &str, key: &crate::config::WriteKey) -> Result<PathPattern, String> {
         use crate::config::WriteKey;
+        let options = MatchOptions::default();
         if let WriteKey::Segment(name) = key {
-            return Self::parse(path, &KeySource::Segment(name.clone()));
+            return Self::parse(path, &KeySource::Segment(name.clone()), options);
         }
-        match Self::parse(path, &KeySource::Query("_".into())) {
+        match Self::parse(path, &KeySource::Query("_".into()), options) {
             Ok(p) => Ok(p),
             // A {param} is allowed here: write-through keys from headers or bodies ignore it.
             Err(_) => {
@@ -90,14 +134,24 @@ impl PathPattern {
                     .split('/')
                     .find_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
                     .ok_or_else(|| "invalid path pattern".to_owned())?;
-                Self::parse(path, &KeySource::Segment(name.to_owned()))
+                Self::parse(path, &KeySource::Segment(name.to_owned()), options)
             }
         }
     }
 
-    /// Matches a request path; on a match returns the raw path segment that holds the key
-    /// (for segment keys) or `""` (for query keys).
+    /// Where the key comes from.
+    pub fn key_source(&self) -> &KeySource {
+        &self.key
+    }
+
+    /// Matches a canonical request path (see `path::canonical`); on a match returns the
+    /// raw path segment that holds the key (for segment keys) or `""` (for query keys).
     pub fn matches<'p>(&self, path: &'p str) -> Option<&'p str> {
+        let path = if self.options.strict_trailing_slash || path.len() <= 1 {
+            path
+        } else {
+            path.strip_suffix('/').unwrap_or(path)
+        };
         let rest = path.strip_prefix('/')?;
         let mut captured = "";
         let mut parts = rest.split('/');
@@ -105,7 +159,12 @@ impl PathPattern {
             let part = parts.next()?;
             match seg {
                 Segment::Literal(lit) => {
-                    if lit != part {
+                    let same = if self.options.case_sensitive {
+                        lit == part
+                    } else {
+                        lit.eq_ignore_ascii_case(part)
+                    };
+                    if !same {
                         return None;
                     }
                 }
@@ -118,25 +177,155 @@ impl PathPattern {
         Some(captured)
     }
 
-    /// Reads the raw (percent-decoded, not yet normalised) key from a matched request.
-    pub fn raw_key<'r>(
-        &self,
-        segment: &'r str,
-        query: Option<&'r str>,
-    ) -> Result<Cow<'r, str>, KeyError> {
-        match &self.key {
-            KeySource::Segment(_) => percent_decode_str(segment)
-                .decode_utf8()
-                .map_err(|_| KeyError::InvalidCharacters),
-            KeySource::Query(name) => query
-                .and_then(|q| {
-                    form_urlencoded::parse(q.as_bytes())
-                        .find(|(k, _)| k == name.as_str())
-                        .map(|(_, v)| v)
-                })
-                // The name comes from the config, never from the request.
-                .ok_or_else(|| KeyError::Missing(name.clone())),
+    /// Whether a path in its lenient reading (see `path::lenient`) would name this
+    /// route's resource on a lenient upstream: any case, any trailing slash, any
+    /// non-empty key segment.
+    pub fn lenient_matches(&self, lenient: &str) -> bool {
+        let path = if lenient.len() > 1 {
+            lenient.strip_suffix('/').unwrap_or(lenient)
+        } else {
+            lenient
+        };
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let mut parts = rest.split('/');
+        for seg in &self.segments {
+            let Some(part) = parts.next() else {
+                return false;
+            };
+            let ok = match seg {
+                Segment::Literal(lit) => lit.eq_ignore_ascii_case(part),
+                Segment::Param => !part.is_empty(),
+            };
+            if !ok {
+                return false;
+            }
         }
+        parts.next().is_none()
+    }
+
+    /// Reads the raw (percent-decoded, not yet normalised) key from a matched segment.
+    /// A segment that an upstream could read as something else than the key (`;`
+    /// parameters, an escaped `/` or `\`, NUL, a `.suffix` unless allowed) is refused.
+    pub fn segment_key<'r>(&self, segment: &'r str) -> Result<Cow<'r, str>, KeyError> {
+        if segment.contains(';') {
+            return Err(KeyError::NotCanonical);
+        }
+        let decoded = percent_decode_str(segment)
+            .decode_utf8()
+            .map_err(|_| KeyError::InvalidCharacters)?;
+        if decoded.contains(['/', '\\', ';', '\0'])
+            || (!self.options.key_allows_dot && decoded.contains('.'))
+        {
+            return Err(KeyError::NotCanonical);
+        }
+        Ok(decoded)
+    }
+
+    /// The request target an upstream origin is sent for a key: the pattern with the key
+    /// (canonical bytes, escaped) in its segment, or the path with the key as the one
+    /// query parameter; then the forwarded parameters, already canonical.
+    pub fn upstream_target(&self, key: &[u8], forwarded: Option<&str>) -> String {
+        let key = String::from_utf8_lossy(key);
+        let mut target = String::with_capacity(64);
+        for seg in &self.segments {
+            target.push('/');
+            match seg {
+                Segment::Literal(lit) => target.push_str(lit),
+                Segment::Param => target.extend(utf8_percent_encode(&key, ESCAPED)),
+            }
+        }
+        let mut sep = '?';
+        if let KeySource::Query(name) = &self.key {
+            target.push(sep);
+            target.extend(utf8_percent_encode(name, ESCAPED));
+            target.push('=');
+            target.extend(utf8_percent_encode(&key, ESCAPED));
+            sep = '&';
+        }
+        if let Some(q) = forwarded.filter(|q| !q.is_empty()) {
+            target.push(sep);
+            target.push_str(q);
+        }
+        target
+    }
+}
+
+/// What a guarded route does with query parameters other than its key.
+#[derive(Debug, Clone, Default)]
+pub struct QueryRules {
+    /// The key's parameter name, for query-key routes.
+    pub key: Option<String>,
+    /// Parameters forwarded to the upstream origin (and part of the cache key), in the
+    /// order they are sent.
+    pub forward: Vec<String>,
+    /// Refuse a request with any other parameter instead of dropping it.
+    pub reject_undeclared: bool,
+}
+
+/// The parts of a query that matter to a guarded route.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct QueryRead<'q> {
+    /// The key parameter's value (query-key routes).
+    pub key: Option<Cow<'q, str>>,
+    /// The forwarded parameters in canonical form (`a=1&b=2`, declared order, escaped),
+    /// or `None` when the request has none of them.
+    pub forwarded: Option<String>,
+}
+
+impl QueryRules {
+    /// Reads `query`. The key parameter, or a forwarded one, given twice (or once more
+    /// in another case, as `SKU_ID` beside `sku_id`) is ambiguous: which one an upstream
+    /// would read is its own choice, so the request is refused.
+    pub fn read<'q>(&self, query: Option<&'q str>) -> Result<QueryRead<'q>, KeyError> {
+        let mut read = QueryRead::default();
+        let Some(query) = query else {
+            return Ok(read);
+        };
+        let mut forwarded: Vec<Option<Cow<'q, str>>> = Vec::new();
+        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+            if let Some(key) = &self.key {
+                if name == key.as_str() {
+                    if read.key.is_some() {
+                        return Err(KeyError::Ambiguous(key.clone()));
+                    }
+                    read.key = Some(value);
+                    continue;
+                }
+                if name.eq_ignore_ascii_case(key) {
+                    return Err(KeyError::Ambiguous(key.clone()));
+                }
+            }
+            if let Some(i) = self
+                .forward
+                .iter()
+                .position(|f| f.eq_ignore_ascii_case(&name))
+            {
+                if forwarded.is_empty() {
+                    forwarded.resize(self.forward.len(), None);
+                }
+                if forwarded[i].is_some() || name != self.forward[i].as_str() {
+                    return Err(KeyError::Ambiguous(self.forward[i].clone()));
+                }
+                forwarded[i] = Some(value);
+                continue;
+            }
+            if self.reject_undeclared && !name.is_empty() {
+                // The name is the client's: bounded before it is echoed in the error body.
+                return Err(KeyError::Undeclared(name.chars().take(64).collect()));
+            }
+        }
+        if forwarded.iter().any(Option::is_some) {
+            let mut out = form_urlencoded::Serializer::new(String::new());
+            for (name, value) in self.forward.iter().zip(&forwarded) {
+                if let Some(v) = value {
+                    out.append_pair(name, v);
+                }
+            }
+            read.forwarded = Some(out.finish());
+        }
+        Ok(read)
     }
 }
 
@@ -145,44 +334,149 @@ mod tests {
     use super::*;
 
     fn seg(p: &str) -> PathPattern {
-        PathPattern::parse(p, &KeySource::Segment("id".into())).expect("valid")
+        PathPattern::parse(p, &KeySource::Segment("id".into()), MatchOptions::default())
+            .expect("valid")
+    }
+
+    fn query_rules(forward: &[&str], reject: bool) -> QueryRules {
+        QueryRules {
+            key: Some("sku_id".into()),
+            forward: forward.iter().map(|s| (*s).to_owned()).collect(),
+            reject_undeclared: reject,
+        }
     }
 
     #[test]
     fn segment_patterns_match_and_capture() {
         let p = seg("/api/products/{id}");
         assert_eq!(p.matches("/api/products/42"), Some("42"));
+        assert_eq!(p.matches("/API/Products/42"), Some("42"));
+        assert_eq!(p.matches("/api/products/42/"), Some("42"));
         assert_eq!(p.matches("/api/products/42/reviews"), None);
         assert_eq!(p.matches("/api/products"), None);
         assert_eq!(p.matches("/api/product/42"), None);
-        assert_eq!(p.raw_key("4%32", None).as_deref(), Ok("42"));
-        assert_eq!(p.raw_key("%ff", None), Err(KeyError::InvalidCharacters));
+        assert_eq!(p.segment_key("4%32").as_deref(), Ok("42"));
+        assert_eq!(p.segment_key("%ff"), Err(KeyError::InvalidCharacters));
     }
 
     #[test]
-    fn query_patterns_read_the_parameter() {
-        let p = PathPattern::parse("/api/product/info", &KeySource::Query("sku_id".into()))
+    fn strict_options_match_exactly() {
+        let strict = MatchOptions {
+            case_sensitive: true,
+            strict_trailing_slash: true,
+            key_allows_dot: false,
+        };
+        let p = PathPattern::parse(
+            "/api/products/{id}",
+            &KeySource::Segment("id".into()),
+            strict,
+        )
+        .expect("valid");
+        assert_eq!(p.matches("/api/products/42"), Some("42"));
+        assert_eq!(p.matches("/API/products/42"), None);
+        assert_eq!(p.matches("/api/products/42/"), None);
+        // The lenient reading ignores both, for refusing rather than passing through.
+        assert!(p.lenient_matches("/API/products/42/"));
+    }
+
+    #[test]
+    fn key_segments_that_an_upstream_could_read_otherwise_are_refused() {
+        let p = seg("/api/products/{id}");
+        for raw in [
+            "42;v=1", "4%2F2", "4%5C2", "4%002", "42.json", "4%3B2", "%2E",
+        ] {
+            assert_eq!(p.segment_key(raw), Err(KeyError::NotCanonical), "{raw}");
+        }
+        let dotted = PathPattern::parse(
+            "/p/{id}",
+            &KeySource::Segment("id".into()),
+            MatchOptions {
+                key_allows_dot: true,
+                ..MatchOptions::default()
+            },
+        )
+        .expect("valid");
+        assert_eq!(dotted.segment_key("v1.2").as_deref(), Ok("v1.2"));
+    }
+
+    #[test]
+    fn query_keys_are_read_once_and_unambiguously() {
+        let r = query_rules(&[], false);
+        let read = r.read(Some("a=1&sku_id=12%33")).expect("valid");
+        assert_eq!(read.key.as_deref(), Some("123"));
+        assert_eq!(read.forwarded, None);
+        assert_eq!(r.read(Some("a=1")).expect("valid").key, None);
+        assert_eq!(r.read(None).expect("valid").key, None);
+        for q in [
+            "sku_id=1&sku_id=2",
+            "sku_id=1&sku_id=1",
+            "sku_id=1&SKU_ID=2",
+            "sku%5Fid=1&sku_id=2",
+            "Sku_Id=2",
+        ] {
+            assert_eq!(
+                r.read(Some(q)),
+                Err(KeyError::Ambiguous("sku_id".into())),
+                "{q}"
+            );
+        }
+    }
+
+    #[test]
+    fn forwarded_parameters_are_canonical_and_the_rest_dropped_or_refused() {
+        let r = query_rules(&["lang", "currency"], false);
+        let read = r
+            .read(Some("currency=EUR&utm=x&sku_id=7&lang=fr%20CH"))
             .expect("valid");
-        assert_eq!(p.matches("/api/product/info"), Some(""));
-        assert_eq!(p.matches("/api/product/info/x"), None);
+        assert_eq!(read.forwarded.as_deref(), Some("lang=fr+CH&currency=EUR"));
         assert_eq!(
-            p.raw_key("", Some("a=1&sku_id=12%33")).as_deref(),
-            Ok("123")
+            r.read(Some("lang=fr&lang=de&sku_id=7")),
+            Err(KeyError::Ambiguous("lang".into()))
         );
+        let strict = query_rules(&["lang"], true);
         assert_eq!(
-            p.raw_key("", Some("a=1")),
-            Err(KeyError::Missing("sku_id".into()))
+            strict.read(Some("sku_id=7&utm=x")),
+            Err(KeyError::Undeclared("utm".into()))
         );
-        assert_eq!(p.raw_key("", None), Err(KeyError::Missing("sku_id".into())));
+        assert!(strict.read(Some("sku_id=7&lang=fr")).is_ok());
+    }
+
+    #[test]
+    fn upstream_targets_are_built_from_the_key() {
+        let p = seg("/api/products/{id}");
+        assert_eq!(p.upstream_target(b"42", None), "/api/products/42");
+        assert_eq!(p.upstream_target(b"a/b c", None), "/api/products/a%2Fb%20c");
+        assert_eq!(
+            p.upstream_target(b"42", Some("lang=fr")),
+            "/api/products/42?lang=fr"
+        );
+        let q = PathPattern::parse(
+            "/api/product/info",
+            &KeySource::Query("sku_id".into()),
+            MatchOptions::default(),
+        )
+        .expect("valid");
+        assert_eq!(q.upstream_target(b"7", None), "/api/product/info?sku_id=7");
+        assert_eq!(
+            q.upstream_target(b"7&x=1", Some("lang=fr")),
+            "/api/product/info?sku_id=7%26x%3D1&lang=fr"
+        );
     }
 
     #[test]
     fn bad_patterns_are_refused() {
+        let o = MatchOptions::default();
         let q = KeySource::Query("k".into());
-        assert!(PathPattern::parse("api", &q).is_err());
-        assert!(PathPattern::parse("/a/{id}", &q).is_err());
-        assert!(PathPattern::parse("/a/b", &KeySource::Segment("id".into())).is_err());
-        assert!(PathPattern::parse("/a/{id}/{x}", &KeySource::Segment("id".into())).is_err());
-        assert!(PathPattern::parse("/a/x{id}", &KeySource::Segment("id".into())).is_err());
+        let s = KeySource::Segment("id".into());
+        assert!(PathPattern::parse("api", &q, o).is_err());
+        assert!(PathPattern::parse("/a/{id}", &q, o).is_err());
+        assert!(PathPattern::parse("/a/b", &s, o).is_err());
+        assert!(PathPattern::parse("/a/{id}/{x}", &s, o).is_err());
+        assert!(PathPattern::parse("/a/x{id}", &s, o).is_err());
+        assert!(PathPattern::parse("/a//{id}", &s, o).is_err());
+        assert!(PathPattern::parse("/a/./{id}", &s, o).is_err());
+        assert!(PathPattern::parse("/a/%7e/{id}", &s, o).is_err());
+        assert!(PathPattern::parse("/a/b/", &q, o).is_err());
+        assert!(PathPattern::parse("/", &q, o).is_ok());
     }
 }

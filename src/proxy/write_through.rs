@@ -114,17 +114,22 @@ impl WriteThrough {
     }
 }
 
-/// The first rule matching the request's method and path, with the path segment (owned,
-/// percent-decoded) when the rule takes its key from there.
+/// The first rule matching the request's method and canonical path (every spelling of a
+/// write path counts), with the path segment (owned, percent-decoded) when the rule
+/// takes its key from there.
 pub fn matching<'r>(
     rules: &'r [WriteThrough],
     req: &Request<Incoming>,
 ) -> Option<(&'r WriteThrough, Option<String>)> {
+    if !rules.iter().any(|r| r.methods.contains(req.method())) {
+        return None;
+    }
+    let path = super::path::canonical(req.uri().path()).ok()?;
     rules.iter().find_map(|rule| {
         if !rule.methods.contains(req.method()) {
             return None;
         }
-        let segment = rule.pattern.matches(req.uri().path())?;
+        let segment = rule.pattern.matches(&path)?;
         let owned = match rule.key {
             WriteKey::Segment(_) => percent_decode_str(segment)
                 .decode_utf8()
