@@ -7,22 +7,25 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::StatusCode;
+use http::header::HeaderName;
+use http::{HeaderValue, StatusCode};
 use hyper::body::Incoming;
 use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::Admin;
+use crate::budget::Budget;
 use crate::cache::ResponseCache;
+use crate::client::Cidrs;
 use crate::config::{Config, KeySource, OriginConfig, UndeclaredQuery};
 use crate::db::{Db, PoolSettings};
 use crate::gate::Gate;
 use crate::metrics::Metrics;
-use crate::origin::Origin;
+use crate::origin::{Origin, UpstreamOrigin};
 use crate::proxy::route::{PathPattern, QueryRules};
 use crate::proxy::write_through::WriteThrough;
-use crate::proxy::{GuardedRoute, Proxy, ProxyBody};
+use crate::proxy::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
 use crate::server::{self, Handler, ServeOptions};
 use crate::upstream::Upstream;
 
@@ -141,16 +144,34 @@ impl App {
                     timeout: *timeout,
                     ttl,
                 },
-                OriginConfig::Upstream { not_found_statuses } => Origin::Upstream {
+                OriginConfig::Upstream { not_found_statuses } => Origin::Upstream(UpstreamOrigin {
                     upstream: upstream
                         .clone()
                         .ok_or_else(|| fail("upstream origin without [upstream]".into()))?,
+                    pattern: pattern.clone(),
                     not_found: not_found_statuses
                         .iter()
                         .filter_map(|s| StatusCode::from_u16(*s).ok())
                         .collect(),
                     ttl,
-                },
+                    forward_headers: r
+                        .forward_headers
+                        .iter()
+                        .map(|h| HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()))
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| fail(e.to_string()))?,
+                    headers: r
+                        .upstream_headers
+                        .iter()
+                        .map(|(k, v)| {
+                            let name = HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
+                                .map_err(|e| fail(e.to_string()))?;
+                            let value =
+                                HeaderValue::from_str(v).map_err(|e| fail(e.to_string()))?;
+                            Ok((name, value))
+                        })
+                        .collect::<Result<_, AppError>>()?,
+                }),
             };
             routes.push(GuardedRoute {
                 id: u16::try_from(i).map_err(|_| fail("too many routes".into()))?,
@@ -187,13 +208,18 @@ impl App {
             write_through.push(WriteThrough::new(w, gate, added).map_err(fail)?);
         }
 
+        let has_variants = config
+            .routes
+            .iter()
+            .any(|r| !r.forward_query.is_empty() || !r.forward_headers.is_empty());
         let proxy = Arc::new(Proxy::new(
             routes,
-            ResponseCache::new(&config.cache),
+            ResponseCache::new(&config.cache, has_variants),
             upstream,
             config.server.max_body_bytes,
             metrics.passthrough(),
             write_through,
+            edge_policy(&config, &registry)?,
         ));
         let admin_handler = Arc::new(Admin {
             gates: gates.clone(),
@@ -282,6 +308,33 @@ impl App {
         }
         tracing::info!("stopped");
     }
+}
+
+/// Compiles what the edge believes and tells about clients (validation already checked
+/// every range).
+fn edge_policy(config: &Config, registry: &Registry) -> Result<EdgePolicy, AppError> {
+    let cidrs = |field: &str, list: &[String]| {
+        Cidrs::parse(list).map_err(|reason| AppError::Route {
+            route: field.to_owned(),
+            reason,
+        })
+    };
+    let budget = match &config.false_positive_budget {
+        Some(b) => {
+            crate::budget::register(registry, b.per_client, b.window)?;
+            Some(Budget::new(b.per_client, b.window, b.slots))
+        }
+        None => None,
+    };
+    Ok(EdgePolicy {
+        trusted_proxies: cidrs("server.trusted_proxies", &config.server.trusted_proxies)?,
+        outcome_header: config.server.outcome_header,
+        outcome_header_clients: cidrs(
+            "server.outcome_header_clients",
+            &config.server.outcome_header_clients,
+        )?,
+        budget,
+    })
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {

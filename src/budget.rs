@@ -125,6 +125,28 @@ impl Budget {
     }
 }
 
+/// Publishes the budget's settings (`bloomgate_false_positive_budget_per_client` and
+/// `…_window_seconds`), so dashboards can draw the limit beside the `throttled` outcome.
+pub fn register(
+    registry: &prometheus::Registry,
+    limit: u32,
+    window: Duration,
+) -> prometheus::Result<()> {
+    let per_client = prometheus::Gauge::new(
+        "bloomgate_false_positive_budget_per_client",
+        "False positives one client may cause per window before its origin-bound requests get 429.",
+    )?;
+    per_client.set(f64::from(limit));
+    let window_seconds = prometheus::Gauge::new(
+        "bloomgate_false_positive_budget_window_seconds",
+        "Length of a false-positive budget window.",
+    )?;
+    window_seconds.set(window.as_secs_f64());
+    registry.register(Box::new(per_client))?;
+    registry.register(Box::new(window_seconds))?;
+    Ok(())
+}
+
 fn read(cell: u64, window: u32) -> u32 {
     if (cell >> 32) as u32 == window {
         cell as u32

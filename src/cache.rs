@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::header::HeaderName;
 use http::{HeaderValue, StatusCode};
 use moka::Expiry;
 use moka::future::Cache;
@@ -17,16 +18,44 @@ use crate::config::CacheConfig;
 use crate::key::OwnedKey;
 use crate::origin::{Fetched, OriginError};
 
-/// A cache key: the route's index and the canonical key.
+/// A cache key: the route's index, the canonical key, and the values of what the route
+/// forwards to its origin (declared query parameters and headers), if any.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
     /// Index of the guarded route (routes may share keys but not answers).
     pub route: u16,
     /// The normalised key.
     pub key: OwnedKey,
+    /// What else the origin request carries; `None` for the plain canonical request.
+    pub variant: Option<Arc<Variant>>,
 }
 
-/// A cached answer. Cloning is cheap: the body and header are reference counted.
+impl CacheKey {
+    /// The key of the route and canonical key alone: negative entries are stored under
+    /// it, because whether a key exists does not depend on a forwarded parameter (so
+    /// varying one cannot replay a false positive past its negative entry).
+    pub fn absence(&self) -> std::borrow::Cow<'_, CacheKey> {
+        if self.variant.is_none() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(CacheKey {
+            route: self.route,
+            key: self.key.clone(),
+            variant: None,
+        })
+    }
+}
+
+/// The forwarded parts of a canonical origin request, part of the cache key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Declared query parameters, canonical (`a=1&b=2`), if any were sent.
+    pub query: Option<String>,
+    /// Declared request headers that were sent, in declared order.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// A cached answer. Cloning is cheap: the body and headers are reference counted.
 #[derive(Debug, Clone)]
 pub struct CachedResponse {
     /// Status to replay (a 2xx).
@@ -35,8 +64,25 @@ pub struct CachedResponse {
     pub content_type: Option<HeaderValue>,
     /// The body.
     pub body: Bytes,
-    /// How long this entry lives.
-    pub ttl: Duration,
+    /// How long this entry lives; `None`: the answer may not be stored (HTTP caching
+    /// rules), and only the requests that waited for it get it.
+    pub ttl: Option<Duration>,
+    /// `ETag` and `Last-Modified`, replayed and used to answer conditional requests.
+    pub validators: Validators,
+    /// Other end-to-end headers to replay (content encoding and language, `Vary`, and
+    /// `Cache-Control` of answers that are not stored).
+    pub headers: Option<Arc<[(HeaderName, HeaderValue)]>>,
+    /// Whether the answer may be reused for requests carrying credentials.
+    pub with_credentials: bool,
+}
+
+/// The validators of a cached answer.
+#[derive(Debug, Clone, Default)]
+pub struct Validators {
+    /// `ETag`.
+    pub etag: Option<HeaderValue>,
+    /// `Last-Modified`.
+    pub last_modified: Option<HeaderValue>,
 }
 
 /// What the cache knows about a key.
@@ -72,13 +118,16 @@ pub enum Loaded {
     },
 }
 
-/// Why a coalesced load did not produce a value (moka stores only successes, so "not
-/// found" travels as an error too).
+/// Why a coalesced load did not produce a value to store (moka stores only successes,
+/// so "not found" and answers that may not be stored travel as errors too).
 #[derive(Debug, thiserror::Error)]
 pub enum LoadMiss {
     /// The origin has no such key.
     #[error("not found")]
     NotFound,
+    /// Found, but HTTP caching rules forbid storing the answer.
+    #[error("found, not storable")]
+    Unstored(CachedResponse),
     /// The origin call failed.
     #[error(transparent)]
     Origin(#[from] OriginError),
@@ -93,7 +142,8 @@ impl Expiry<CacheKey, CachedResponse> for PositiveExpiry {
         value: &CachedResponse,
         _: Instant,
     ) -> Option<Duration> {
-        Some(value.ttl)
+        // Answers without a lifetime are never inserted; zero would expire one at once.
+        Some(value.ttl.unwrap_or(Duration::ZERO))
     }
 }
 
@@ -110,16 +160,22 @@ impl Expiry<CacheKey, Duration> for NegativeExpiry {
 pub struct ResponseCache {
     positive: Cache<CacheKey, CachedResponse>,
     negative: Cache<CacheKey, Duration>,
+    /// Whether any route forwards parameters or headers, so that invalidating a key
+    /// must also look for its variants.
+    has_variants: Arc<AtomicBool>,
 }
 
 impl ResponseCache {
-    /// Builds both caches with the configured bounds.
-    pub fn new(config: &CacheConfig) -> ResponseCache {
+    /// Builds both caches with the configured bounds. `has_variants`: some route forwards
+    /// parameters or headers to its origin.
+    pub fn new(config: &CacheConfig, has_variants: bool) -> ResponseCache {
         ResponseCache {
+            has_variants: Arc::new(AtomicBool::new(has_variants)),
             positive: Cache::builder()
                 .name("bloomgate-positive")
                 .max_capacity(config.max_entries)
                 .expire_after(PositiveExpiry)
+                .support_invalidation_closures()
                 .build(),
             negative: Cache::builder()
                 .name("bloomgate-negative")
@@ -129,15 +185,46 @@ impl ResponseCache {
         }
     }
 
-    /// Looks a key up: positive first, then negative.
+    /// Looks a key up: positive first, then negative (under [`CacheKey::absence`]).
     pub async fn lookup(&self, key: &CacheKey) -> Lookup {
         if let Some(hit) = self.positive.get(key).await {
             return Lookup::Hit(hit);
         }
-        if self.negative.contains_key(key) {
+        if self.negative.contains_key(&*key.absence()) {
             return Lookup::NegativeHit;
         }
         Lookup::Miss
+    }
+
+    /// Loads a key for a request that carries credentials: never coalesced with other
+    /// requests (their answers are not this request's), stored only when the answer
+    /// allows reuse for credentialed requests (RFC 9111 §3.5). "Not found" is stored as
+    /// a negative entry like any other: absence does not depend on who asks.
+    pub async fn load_private<F>(&self, key: CacheKey, negative_ttl: Duration, fetch: F) -> Loaded
+    where
+        F: Future<Output = Result<Fetched, OriginError>>,
+    {
+        match fetch.await {
+            Ok(Fetched::Found(response)) => {
+                if response.ttl.is_some() && response.with_credentials {
+                    self.positive.insert(key, response.clone()).await;
+                }
+                Loaded::Found {
+                    response,
+                    leader: true,
+                }
+            }
+            Ok(Fetched::NotFound) => {
+                self.negative
+                    .insert(key.absence().into_owned(), negative_ttl)
+                    .await;
+                Loaded::NotFound { leader: true }
+            }
+            Err(e) => Loaded::Failed {
+                error: Arc::new(LoadMiss::Origin(e)),
+                leader: true,
+            },
+        }
     }
 
     /// Loads a missing key through `fetch`, coalescing concurrent callers for the same key
@@ -157,14 +244,18 @@ impl ResponseCache {
         let result = self
             .positive
             .try_get_with(key.clone(), async {
-                if self.negative.contains_key(&key) {
+                let absence = key.absence();
+                if self.negative.contains_key(&*absence) {
                     return Err(LoadMiss::NotFound);
                 }
                 leader.store(true, Ordering::Relaxed);
                 match fetch.await? {
-                    Fetched::Found(response) => Ok(response),
+                    Fetched::Found(response) if response.ttl.is_some() => Ok(response),
+                    Fetched::Found(response) => Err(LoadMiss::Unstored(response)),
                     Fetched::NotFound => {
-                        self.negative.insert(key.clone(), negative_ttl).await;
+                        self.negative
+                            .insert(absence.into_owned(), negative_ttl)
+                            .await;
                         Err(LoadMiss::NotFound)
                     }
                 }
@@ -175,6 +266,10 @@ impl ResponseCache {
             Ok(response) => Loaded::Found { response, leader },
             Err(miss) => match &*miss {
                 LoadMiss::NotFound => Loaded::NotFound { leader },
+                LoadMiss::Unstored(response) => Loaded::Found {
+                    response: response.clone(),
+                    leader,
+                },
                 LoadMiss::Origin(_) => Loaded::Failed {
                     error: miss,
                     leader,
@@ -183,17 +278,38 @@ impl ResponseCache {
         }
     }
 
-    /// Drops any entry (positive or negative) for `key`.
-    pub async fn invalidate(&self, key: &CacheKey) {
-        self.positive.invalidate(key).await;
-        self.negative.invalidate(key).await;
+    /// Drops every entry (positive, of any variant, and negative) for a route's key.
+    pub async fn invalidate(&self, route: u16, key: &OwnedKey) {
+        let plain = CacheKey {
+            route,
+            key: key.clone(),
+            variant: None,
+        };
+        self.positive.invalidate(&plain).await;
+        self.negative.invalidate(&plain).await;
+        if self.has_variants.load(Ordering::Relaxed) {
+            let key = key.clone();
+            // Variants are found by a scan, run by moka's maintenance; rare (an admin
+            // call), and only on routes that forward parameters or headers.
+            if let Err(e) = self
+                .positive
+                .invalidate_entries_if(move |k, _| k.route == route && k.key == key)
+            {
+                tracing::warn!(error = %e, "cannot drop cached variants of a key");
+            }
+        }
     }
 
-    /// Drops a negative entry for `key`, leaving a positive one alone.
-    pub async fn invalidate_negative(&self, key: &CacheKey) {
+    /// Drops a negative entry for a route's key, leaving positive ones alone.
+    pub async fn invalidate_negative(&self, route: u16, key: &OwnedKey) {
+        let plain = CacheKey {
+            route,
+            key: key.clone(),
+            variant: None,
+        };
         // Sync re-applies whole windows of keys; most have no negative entry.
-        if self.negative.contains_key(key) {
-            self.negative.invalidate(key).await;
+        if self.negative.contains_key(&plain) {
+            self.negative.invalidate(&plain).await;
         }
     }
 
@@ -215,13 +331,14 @@ mod tests {
     use std::sync::atomic::AtomicU64;
 
     fn cache() -> ResponseCache {
-        ResponseCache::new(&CacheConfig::default())
+        ResponseCache::new(&CacheConfig::default(), false)
     }
 
     fn key(n: u64) -> CacheKey {
         CacheKey {
             route: 0,
             key: OwnedKey::Int(n),
+            variant: None,
         }
     }
 

@@ -3,7 +3,7 @@
 //! 5xx are logged once, with the cause, by the caller of [`ProxyError::log`].
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::cache::LoadMiss;
@@ -27,6 +27,14 @@ pub enum ProxyError {
     /// The request body exceeds `server.max_body_bytes`: 413.
     #[error("request body exceeds the configured limit")]
     BodyTooLarge,
+    /// The client has caused too many false positives this window: 429 with
+    /// `Retry-After`, for requests that would need the origin. Never 404: a present
+    /// product must not look absent.
+    #[error("too many requests for unknown keys; retry in {retry_after_secs}s")]
+    BudgetExhausted {
+        /// Seconds until the client's window ends.
+        retry_after_secs: u64,
+    },
     /// The origin did not answer in time: 504.
     #[error("origin timed out: {0}")]
     Timeout(String),
@@ -49,6 +57,7 @@ impl ProxyError {
                 StatusCode::BAD_REQUEST
             }
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BudgetExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway(_) => StatusCode::BAD_GATEWAY,
@@ -63,6 +72,7 @@ impl ProxyError {
             ProxyError::BadPath(_) => "bad_path",
             ProxyError::NonCanonicalPath => "non_canonical_path",
             ProxyError::BodyTooLarge => "body_too_large",
+            ProxyError::BudgetExhausted { .. } => "budget_exhausted",
             ProxyError::Timeout(_) => "origin_timeout",
             ProxyError::Unavailable(_) => "origin_unavailable",
             ProxyError::BadGateway(_) => "bad_gateway",
@@ -84,9 +94,10 @@ impl ProxyError {
     pub fn into_response(self) -> Response<Bytes> {
         let message = match &self {
             ProxyError::BadKey(k) => k.to_string(),
-            ProxyError::BodyTooLarge | ProxyError::BadPath(_) | ProxyError::NonCanonicalPath => {
-                self.to_string()
-            }
+            ProxyError::BodyTooLarge
+            | ProxyError::BadPath(_)
+            | ProxyError::NonCanonicalPath
+            | ProxyError::BudgetExhausted { .. } => self.to_string(),
             _ => self
                 .status()
                 .canonical_reason()
@@ -96,6 +107,10 @@ impl ProxyError {
         let body = serde_json::json!({ "error": self.as_str(), "message": message });
         let mut resp = Response::new(Bytes::from(body.to_string()));
         *resp.status_mut() = self.status();
+        if let ProxyError::BudgetExhausted { retry_after_secs } = self {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        }
         resp.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         resp
@@ -130,9 +145,9 @@ impl From<&LoadMiss> for ProxyError {
     fn from(e: &LoadMiss) -> Self {
         match e {
             LoadMiss::Origin(o) => o.into(),
-            LoadMiss::NotFound => {
-                ProxyError::Internal("a not-found load was reported as a failure".into())
-            }
+            LoadMiss::NotFound | LoadMiss::Unstored(_) => ProxyError::Internal(
+                "a not-found or unstored load was reported as a failure".into(),
+            ),
         }
     }
 }

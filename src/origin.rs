@@ -7,14 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HOST, VIA};
-use http::uri::PathAndQuery;
-use http::{HeaderValue, Method, Request, StatusCode};
+use http::header::{
+    CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, EXPIRES, HOST, HeaderName,
+    VARY, VIA,
+};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Either, Empty, Limited};
 
-use crate::cache::CachedResponse;
+use crate::cache::{CachedResponse, Validators, Variant};
 use crate::db::{Db, DbError, KeyParam};
-use crate::key::OwnedKey;
+use crate::http_cache;
+use crate::key::{KeyBytes, OwnedKey};
+use crate::proxy::route::PathPattern;
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Largest upstream body that will be cached; larger answers fail with 502.
@@ -67,23 +71,33 @@ pub enum Origin {
         /// Positive TTL for what it finds.
         ttl: Duration,
     },
-    /// A GET to the upstream API with the request's own path and query.
-    Upstream {
-        /// The shared client.
-        upstream: Arc<Upstream>,
-        /// Statuses meaning "no such key".
-        not_found: Vec<StatusCode>,
-        /// Positive TTL for what it finds.
-        ttl: Duration,
-    },
+    /// A GET to the upstream API: the canonical request for the key, built from the
+    /// route's pattern, never from the client's own path and query.
+    Upstream(UpstreamOrigin),
+}
+
+/// An upstream origin of one route.
+pub struct UpstreamOrigin {
+    /// The shared client.
+    pub upstream: Arc<Upstream>,
+    /// The route's pattern, which builds the canonical target for a key.
+    pub pattern: PathPattern,
+    /// Statuses meaning "no such key".
+    pub not_found: Vec<StatusCode>,
+    /// Positive TTL for what it finds (HTTP caching rules may shorten it).
+    pub ttl: Duration,
+    /// Request headers the route forwards (their values come in the [`Variant`]).
+    pub forward_headers: Vec<HeaderName>,
+    /// Headers set on every request, e.g. an API key.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Origin {
-    /// Looks `key` up. `path_and_query` is the client's, for upstream origins.
+    /// Looks `key` up; `variant` is what an upstream origin forwards besides the key.
     pub async fn fetch(
         &self,
         key: &OwnedKey,
-        path_and_query: Option<&PathAndQuery>,
+        variant: Option<&Variant>,
     ) -> Result<Fetched, OriginError> {
         match self {
             Origin::Sql {
@@ -112,55 +126,107 @@ impl Origin {
                         status: StatusCode::OK,
                         content_type: Some(HeaderValue::from_static("application/json")),
                         body: Bytes::from(serde_json::to_vec(&map)?),
-                        ttl: *ttl,
+                        ttl: Some(*ttl),
+                        validators: Validators::default(),
+                        headers: None,
+                        with_credentials: false,
                     })),
                 }
             }
-            Origin::Upstream {
-                upstream,
-                not_found,
-                ttl,
-            } => fetch_upstream(upstream, not_found, *ttl, path_and_query).await,
+            Origin::Upstream(origin) => origin.fetch(key, variant).await,
+        }
+    }
+
+    /// The headers this origin forwards from client requests (empty for SQL).
+    pub fn forward_headers(&self) -> &[HeaderName] {
+        match self {
+            Origin::Sql { .. } => &[],
+            Origin::Upstream(u) => &u.forward_headers,
         }
     }
 }
 
-async fn fetch_upstream(
-    upstream: &Upstream,
-    not_found: &[StatusCode],
-    ttl: Duration,
-    path_and_query: Option<&PathAndQuery>,
-) -> Result<Fetched, OriginError> {
-    let authority = HeaderValue::from_str(upstream.authority().as_str())
-        .map_err(|e| OriginError::UpstreamBody(e.to_string()))?;
-    let req = Request::builder()
-        .method(Method::GET)
-        .uri(upstream.uri_for(path_and_query)?)
-        .header(HOST, authority)
-        .header(VIA, HeaderValue::from_static("1.1 bloomgate"))
-        .body(Either::Left(Empty::new()))
-        .map_err(UpstreamError::from)?;
-    let resp = upstream.send(req).await?;
-    let status = resp.status();
-    if not_found.contains(&status) {
-        return Ok(Fetched::NotFound);
+impl UpstreamOrigin {
+    /// The canonical GET for `key`: the route's target, the forwarded parameters and
+    /// headers of `variant`, the configured headers, and nothing else the client sent.
+    async fn fetch(
+        &self,
+        key: &OwnedKey,
+        variant: Option<&Variant>,
+    ) -> Result<Fetched, OriginError> {
+        let mut bytes = KeyBytes::new();
+        let norm = key.as_norm();
+        let target = self
+            .pattern
+            .upstream_target(bytes.of(&norm), variant.and_then(|v| v.query.as_deref()));
+        let authority = HeaderValue::from_str(self.upstream.authority().as_str())
+            .map_err(|e| OriginError::UpstreamBody(e.to_string()))?;
+        let mut req = Request::builder()
+            .method(Method::GET)
+            .uri(self.upstream.uri_for_target(&target)?)
+            .header(HOST, authority)
+            .header(VIA, HeaderValue::from_static("1.1 bloomgate"))
+            .body(Either::Left(Empty::new()))
+            .map_err(UpstreamError::from)?;
+        let headers = req.headers_mut();
+        for (name, value) in variant.iter().flat_map(|v| &v.headers) {
+            headers.append(name.clone(), value.clone());
+        }
+        for (name, value) in &self.headers {
+            headers.insert(name.clone(), value.clone());
+        }
+        let resp = self.upstream.send(req).await?;
+        let status = resp.status();
+        if self.not_found.contains(&status) {
+            return Ok(Fetched::NotFound);
+        }
+        if !status.is_success() {
+            return Err(OriginError::UpstreamStatus(status));
+        }
+        let storage = http_cache::storage(resp.headers(), self.ttl, &self.forward_headers);
+        let (etag, last_modified) = http_cache::validators(resp.headers());
+        let content_type = resp.headers().get(CONTENT_TYPE).cloned();
+        let replayed = replayed_headers(resp.headers(), storage.ttl.is_some());
+        let body = tokio::time::timeout(
+            self.upstream.timeout(),
+            Limited::new(resp.into_body(), MAX_CACHED_BODY).collect(),
+        )
+        .await
+        .map_err(|_| OriginError::Timeout(self.upstream.timeout()))?
+        .map_err(|e| OriginError::UpstreamBody(e.to_string()))?
+        .to_bytes();
+        Ok(Fetched::Found(CachedResponse {
+            status,
+            content_type,
+            body,
+            ttl: storage.ttl,
+            validators: Validators {
+                etag,
+                last_modified,
+            },
+            headers: replayed,
+            with_credentials: storage.with_credentials,
+        }))
     }
-    if !status.is_success() {
-        return Err(OriginError::UpstreamStatus(status));
+}
+
+/// End-to-end headers of an upstream answer that are replayed with it. The freshness
+/// headers of a stored answer are not: they described the answer when it was fetched,
+/// and a client would take them as fresh from the moment of replay.
+fn replayed_headers(headers: &HeaderMap, stored: bool) -> Option<Arc<[(HeaderName, HeaderValue)]>> {
+    let mut names = vec![CONTENT_ENCODING, CONTENT_LANGUAGE, VARY];
+    if !stored {
+        names.extend([CACHE_CONTROL, EXPIRES]);
     }
-    let content_type = resp.headers().get(CONTENT_TYPE).cloned();
-    let body = tokio::time::timeout(
-        upstream.timeout(),
-        Limited::new(resp.into_body(), MAX_CACHED_BODY).collect(),
-    )
-    .await
-    .map_err(|_| OriginError::Timeout(upstream.timeout()))?
-    .map_err(|e| OriginError::UpstreamBody(e.to_string()))?
-    .to_bytes();
-    Ok(Fetched::Found(CachedResponse {
-        status,
-        content_type,
-        body,
-        ttl,
-    }))
+    let kept: Vec<(HeaderName, HeaderValue)> = names
+        .into_iter()
+        .flat_map(|name| {
+            headers
+                .get_all(&name)
+                .iter()
+                .map(move |v| (name.clone(), v.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    (!kept.is_empty()).then(|| Arc::from(kept))
 }

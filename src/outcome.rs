@@ -20,11 +20,14 @@ pub enum Outcome {
     Error,
     /// Shadow mode: the gate called the key absent, but the request was served anyway.
     WouldIntercept,
+    /// 429: the client used up its false-positive budget and the request needed the
+    /// origin.
+    Throttled,
 }
 
 impl Outcome {
     /// Every outcome, in label order (metric handles are resolved once per outcome).
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Intercepted,
         Outcome::CacheHit,
         Outcome::NegativeHit,
@@ -33,6 +36,7 @@ impl Outcome {
         Outcome::FailOpen,
         Outcome::Error,
         Outcome::WouldIntercept,
+        Outcome::Throttled,
     ];
 
     /// The `outcome` metric label and log field.
@@ -46,6 +50,7 @@ impl Outcome {
             Outcome::FailOpen => "fail_open",
             Outcome::Error => "error",
             Outcome::WouldIntercept => "would_intercept",
+            Outcome::Throttled => "throttled",
         }
     }
 
@@ -60,6 +65,7 @@ impl Outcome {
             Outcome::Error => "error",
             // Never the served stage: shadow requests carry the stage that answered them.
             Outcome::WouldIntercept => "miss",
+            Outcome::Throttled => "throttled",
         }
     }
 

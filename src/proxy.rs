@@ -6,20 +6,23 @@ pub mod path;
 pub mod route;
 pub mod write_through;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderName};
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::header::{CONTENT_TYPE, ETAG, HeaderName, LAST_MODIFIED};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::cache::{CacheKey, CachedResponse, Loaded, Lookup, ResponseCache};
-use crate::config::{KeySource, Normalize, RouteMode};
+use crate::budget::{Allowance, Budget};
+use crate::cache::{CacheKey, CachedResponse, Loaded, Lookup, ResponseCache, Validators, Variant};
+use crate::client::{Cidrs, client_ip};
+use crate::config::{KeySource, Normalize, OutcomeHeaderPolicy, RouteMode};
 use crate::error::ProxyError;
 use crate::gate::{Gate, Verdict};
+use crate::http_cache;
 use crate::key::{KeyBytes, KeyError, normalize};
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
 use crate::origin::Origin;
@@ -76,6 +79,20 @@ enum Routing<'r, 'p> {
 /// Most false-negative keys remembered per route for log de-duplication.
 const FALSE_NEGATIVE_LOG_LIMIT: usize = 1024;
 
+/// What the edge believes and tells about clients, compiled from `[server]` and
+/// `[false_positive_budget]`.
+#[derive(Default)]
+pub struct EdgePolicy {
+    /// Proxies whose forwarded headers are believed (see `client`).
+    pub trusted_proxies: Cidrs,
+    /// Who sees the `x-bloomgate` header.
+    pub outcome_header: OutcomeHeaderPolicy,
+    /// The clients that see it under [`OutcomeHeaderPolicy::Trusted`].
+    pub outcome_header_clients: Cidrs,
+    /// The per-client false-positive budget, when configured.
+    pub budget: Option<Budget>,
+}
+
 /// The data-plane handler.
 pub struct Proxy {
     routes: Vec<GuardedRoute>,
@@ -84,6 +101,17 @@ pub struct Proxy {
     max_body: u64,
     passthrough_metrics: PassthroughMetrics,
     write_through: Vec<WriteThrough>,
+    edge: EdgePolicy,
+}
+
+/// The parts of a guarded request the pipeline reads.
+pub struct GuardedRequest<'r> {
+    /// The request target (its query is read; its path was matched already).
+    pub uri: &'r Uri,
+    /// The request headers (conditions, credentials, forwarded headers).
+    pub headers: &'r HeaderMap,
+    /// The socket peer.
+    pub peer: IpAddr,
 }
 
 impl Proxy {
@@ -95,6 +123,7 @@ impl Proxy {
         max_body: u64,
         passthrough_metrics: PassthroughMetrics,
         write_through: Vec<WriteThrough>,
+        edge: EdgePolicy,
     ) -> Proxy {
         Proxy {
             routes,
@@ -103,6 +132,7 @@ impl Proxy {
             max_body,
             passthrough_metrics,
             write_through,
+            edge,
         }
     }
 
@@ -113,18 +143,24 @@ impl Proxy {
 
     /// Answers one request.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+        let show = self.shows_outcome(peer.ip(), req.headers());
         if matches!(*req.method(), Method::GET | Method::HEAD) {
+            let view = GuardedRequest {
+                uri: req.uri(),
+                headers: req.headers(),
+                peer: peer.ip(),
+            };
             match self.route(req.uri().path()) {
                 Routing::Guarded(route, path) => {
                     let segment = route.pattern.matches(&path).unwrap_or_default();
-                    return self.guarded(route, segment, req.uri()).await;
+                    return self.guarded(route, segment, &view, show).await;
                 }
-                Routing::Refused(route, e) => return self.refused(route, e),
+                Routing::Refused(route, e) => return self.refused(route, e, show),
                 Routing::Pass => {}
             }
         }
         let write = write_through::matching(&self.write_through, &req);
-        let resp = passthrough::forward(
+        let mut resp = passthrough::forward(
             self.upstream.as_deref(),
             req,
             peer,
@@ -132,6 +168,9 @@ impl Proxy {
             &self.passthrough_metrics,
         )
         .await;
+        if !show {
+            resp.headers_mut().remove(X_BLOOMGATE);
+        }
         match write {
             Some((rule, segment)) => rule.apply(self, resp, segment).await,
             None => resp,
@@ -139,15 +178,40 @@ impl Proxy {
     }
 
     /// Answers a GET for `uri` if a guarded route matches it, without a socket (the same
-    /// path `handle` takes; used by benchmarks and allocation tests).
+    /// path `handle` takes, as a client on loopback with no headers; used by benchmarks
+    /// and allocation tests).
     pub async fn answer_guarded(&self, uri: &Uri) -> Option<Response<ProxyBody>> {
+        let headers = HeaderMap::new();
+        let view = GuardedRequest {
+            uri,
+            headers: &headers,
+            peer: IpAddr::from([127, 0, 0, 1]),
+        };
+        let show = self.shows_outcome(view.peer, &headers);
         match self.route(uri.path()) {
             Routing::Guarded(route, path) => {
                 let segment = route.pattern.matches(&path).unwrap_or_default();
-                Some(self.guarded(route, segment, uri).await)
+                Some(self.guarded(route, segment, &view, show).await)
             }
-            Routing::Refused(route, e) => Some(self.refused(route, e)),
+            Routing::Refused(route, e) => Some(self.refused(route, e, show)),
             Routing::Pass => None,
+        }
+    }
+
+    /// The client's address: the peer, or what a trusted proxy in front reports.
+    fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        client_ip(peer, headers, &self.edge.trusted_proxies)
+    }
+
+    /// Whether this client is told which stage answered.
+    fn shows_outcome(&self, peer: IpAddr, headers: &HeaderMap) -> bool {
+        match self.edge.outcome_header {
+            OutcomeHeaderPolicy::Always => true,
+            OutcomeHeaderPolicy::Never => false,
+            OutcomeHeaderPolicy::Trusted => self
+                .edge
+                .outcome_header_clients
+                .contains(self.client(peer, headers)),
         }
     }
 
@@ -191,20 +255,28 @@ impl Proxy {
     }
 
     /// The 400 for a guarded path spelled in a way that cannot be gated safely.
-    fn refused(&self, route: &GuardedRoute, e: ProxyError) -> Response<ProxyBody> {
+    fn refused(&self, route: &GuardedRoute, e: ProxyError, show: bool) -> Response<ProxyBody> {
         e.log(&route.label);
         route.metrics.observe(Outcome::Error, Duration::ZERO);
         let mut resp = error_response(e);
-        resp.headers_mut().insert(
-            X_BLOOMGATE,
-            HeaderValue::from_static(Outcome::Error.header_value()),
-        );
+        if show {
+            resp.headers_mut().insert(
+                X_BLOOMGATE,
+                HeaderValue::from_static(Outcome::Error.header_value()),
+            );
+        }
         resp
     }
 
-    async fn guarded(&self, route: &GuardedRoute, segment: &str, uri: &Uri) -> Response<ProxyBody> {
+    async fn guarded(
+        &self,
+        route: &GuardedRoute,
+        segment: &str,
+        req: &GuardedRequest<'_>,
+        show: bool,
+    ) -> Response<ProxyBody> {
         let started = Instant::now();
-        let (served, counted, mut resp) = match self.decide(route, segment, uri).await {
+        let (served, counted, mut resp) = match self.decide(route, segment, req).await {
             Ok(answer) => answer,
             Err(e) => {
                 e.log(&route.label);
@@ -212,8 +284,10 @@ impl Proxy {
             }
         };
         route.metrics.observe(counted, started.elapsed());
-        resp.headers_mut()
-            .insert(X_BLOOMGATE, HeaderValue::from_static(served.header_value()));
+        if show {
+            resp.headers_mut()
+                .insert(X_BLOOMGATE, HeaderValue::from_static(served.header_value()));
+        }
         resp
     }
 
@@ -223,9 +297,9 @@ impl Proxy {
         &self,
         route: &GuardedRoute,
         segment: &str,
-        uri: &Uri,
+        req: &GuardedRequest<'_>,
     ) -> Result<(Outcome, Outcome, Response<ProxyBody>), ProxyError> {
-        let query = route.query.read(uri.query())?;
+        let query = route.query.read(req.uri.query())?;
         let raw = match route.pattern.key_source() {
             KeySource::Segment(_) => route.pattern.segment_key(segment)?,
             // The name comes from the config, never from the request.
@@ -261,18 +335,37 @@ impl Proxy {
         let cache_key = CacheKey {
             route: route.id,
             key: key.to_owned_key(),
+            variant: variant(query.forwarded, route.origin.forward_headers(), req.headers),
         };
+        let credentials = http_cache::has_credentials(req.headers);
         match self.cache.lookup(&cache_key).await {
-            Lookup::Hit(cached) => return Ok(answer(Outcome::CacheHit, true, replay(cached))),
+            Lookup::Hit(cached) if !credentials || cached.with_credentials => {
+                return Ok(answer(Outcome::CacheHit, true, replay(cached, req.headers)));
+            }
             Lookup::NegativeHit => return Ok(answer(Outcome::NegativeHit, false, not_found())),
-            Lookup::Miss => {}
+            Lookup::Hit(_) | Lookup::Miss => {}
+        }
+
+        // Past this point the request needs the origin, unless another request's load
+        // answers it. A client that has used up its false-positive budget waits.
+        let client = self
+            .edge
+            .budget
+            .as_ref()
+            .map(|b| (b, self.client(req.peer, req.headers)));
+        if let Some((budget, ip)) = client
+            && let Allowance::Exhausted { retry_after_secs } = budget.check(ip)
+        {
+            tracing::debug!(route = %route.label, client = %ip, "false-positive budget exhausted");
+            let resp = error_response(ProxyError::BudgetExhausted { retry_after_secs });
+            return Ok((Outcome::Throttled, Outcome::Throttled, resp));
         }
 
         let fetch = async {
             let t = Instant::now();
             let fetched = route
                 .origin
-                .fetch(&cache_key.key, uri.path_and_query())
+                .fetch(&cache_key.key, cache_key.variant.as_deref())
                 .await;
             route.metrics.observe_origin(t.elapsed());
             if fetched.is_err() {
@@ -280,24 +373,32 @@ impl Proxy {
             }
             fetched
         };
-        match self
-            .cache
-            .load(cache_key.clone(), route.negative_ttl, fetch)
-            .await
-        {
+        let loaded = if credentials {
+            self.cache
+                .load_private(cache_key.clone(), route.negative_ttl, fetch)
+                .await
+        } else {
+            self.cache
+                .load(cache_key.clone(), route.negative_ttl, fetch)
+                .await
+        };
+        match loaded {
             Loaded::Found { response, leader } => {
                 let outcome = if leader {
                     Outcome::OriginFound
                 } else {
                     Outcome::CacheHit
                 };
-                Ok(answer(outcome, true, replay(response)))
+                Ok(answer(outcome, true, replay(response, req.headers)))
             }
             Loaded::NotFound { leader } => {
                 if leader && !failing_open && !shadow_absent {
                     tracing::debug!(route = %route.label, key = %cache_key.key, "false positive: negative entry stored");
                 }
                 let outcome = if leader {
+                    if let Some((budget, ip)) = client {
+                        budget.record(ip);
+                    }
                     Outcome::FalsePositive
                 } else {
                     Outcome::NegativeHit
@@ -326,11 +427,7 @@ impl Proxy {
     /// was just created must not keep answering 404).
     pub async fn invalidate_negative(&self, filter: &str, key: &crate::key::OwnedKey) {
         for r in self.routes.iter().filter(|r| r.gate.name() == filter) {
-            let ck = CacheKey {
-                route: r.id,
-                key: key.clone(),
-            };
-            self.cache.invalidate_negative(&ck).await;
+            self.cache.invalidate_negative(r.id, key).await;
         }
     }
 
@@ -347,11 +444,7 @@ impl Proxy {
     pub async fn invalidate(&self, filter: Option<&str>, key: &crate::key::OwnedKey) {
         for r in &self.routes {
             if filter.is_none_or(|f| r.gate.name() == f) {
-                let ck = CacheKey {
-                    route: r.id,
-                    key: key.clone(),
-                };
-                self.cache.invalidate(&ck).await;
+                self.cache.invalidate(r.id, key).await;
             }
         }
     }
@@ -370,11 +463,59 @@ fn not_found() -> Response<ProxyBody> {
     resp
 }
 
-fn replay(cached: CachedResponse) -> Response<ProxyBody> {
-    let mut resp = Response::new(Either::Left(Full::new(cached.body)));
-    *resp.status_mut() = cached.status;
-    if let Some(ct) = cached.content_type {
-        resp.headers_mut().insert(CONTENT_TYPE, ct);
+/// What a route forwards besides the key, as part of the cache key; `None` (and no
+/// allocation) when the request carries none of it.
+fn variant(
+    query: Option<String>,
+    forward_headers: &[HeaderName],
+    headers: &HeaderMap,
+) -> Option<Arc<Variant>> {
+    let sent = forward_headers.iter().any(|h| headers.contains_key(h));
+    if query.is_none() && !sent {
+        return None;
+    }
+    let headers = forward_headers
+        .iter()
+        .flat_map(|name| {
+            headers
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.clone(), v.clone()))
+        })
+        .collect();
+    Some(Arc::new(Variant { query, headers }))
+}
+
+/// The response for a cached (or just fetched) answer: 304 when the request's
+/// conditions hold for its validators, else the answer itself.
+fn replay(cached: CachedResponse, request: &HeaderMap) -> Response<ProxyBody> {
+    let Validators {
+        etag,
+        last_modified,
+    } = cached.validators;
+    let conditional = (etag.is_some() || last_modified.is_some())
+        && http_cache::not_modified(request, etag.as_ref(), last_modified.as_ref());
+    let mut resp = if conditional {
+        let mut r = Response::new(Either::Left(Full::new(Bytes::new())));
+        *r.status_mut() = StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        let mut r = Response::new(Either::Left(Full::new(cached.body)));
+        *r.status_mut() = cached.status;
+        if let Some(ct) = cached.content_type {
+            r.headers_mut().insert(CONTENT_TYPE, ct);
+        }
+        r
+    };
+    let headers = resp.headers_mut();
+    if let Some(v) = etag {
+        headers.insert(ETAG, v);
+    }
+    if let Some(v) = last_modified {
+        headers.insert(LAST_MODIFIED, v);
+    }
+    for (name, value) in cached.headers.iter().flat_map(|h| h.iter()) {
+        headers.append(name.clone(), value.clone());
     }
     resp
 }

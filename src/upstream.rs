@@ -85,6 +85,15 @@ impl Upstream {
             .build()?)
     }
 
+    /// The upstream URI for a request target built here (a path and query).
+    pub fn uri_for_target(&self, target: &str) -> Result<Uri, UpstreamError> {
+        Ok(Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(target)
+            .build()?)
+    }
+
     /// The upstream's `host:port`, for the Host header of origin fetches.
     pub fn authority(&self) -> &Authority {
         &self.authority
