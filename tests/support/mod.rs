@@ -284,6 +284,18 @@ impl TestProxy {
             .unwrap_or(0.0)
     }
 
+    /// GET on the data plane with request headers.
+    pub async fn get_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> Reply {
+        self.client
+            .send(
+                Method::GET,
+                &format!("http://{}{path_and_query}", self.data),
+                headers,
+                Bytes::new(),
+            )
+            .await
+    }
+
     /// The shared client.
     pub fn client(&self) -> &HttpClient {
         &self.client
@@ -383,7 +395,10 @@ pub struct Seen {
 
 /// A real upstream API, written for the tests. Routes:
 /// - `GET /api/products/{id}` and `GET /api/product/info?sku_id=…`: 200 JSON if the key
-///   is in `keys`, else 404; each counted in `product_hits`.
+///   is in `keys`, else 404; each counted in `product_hits` and recorded in
+///   `product_requests`. Like many frameworks, it reads the *last* `sku_id` of a query.
+///   Found answers carry the headers in `answer_headers`, and echo `lang` and the
+///   `accept-language` header.
 /// - `GET /slow/{ms}`: answers after `ms` milliseconds.
 /// - `POST|PUT /echo…`: streams the request body back in chunks; records what it saw.
 pub struct StubUpstream {
@@ -397,6 +412,10 @@ pub struct StubUpstream {
 pub struct StubState {
     pub keys: Mutex<HashSet<u64>>,
     pub product_hits: AtomicU64,
+    /// Every product request as received: path and query, and headers.
+    pub product_requests: Mutex<Vec<(String, HeaderMap)>>,
+    /// Headers added to found answers, e.g. `("cache-control", "no-store")`.
+    pub answer_headers: Mutex<Vec<(String, String)>>,
     pub seen: Mutex<Option<Seen>>,
     pub fail_with_500: AtomicBool,
 }
@@ -426,6 +445,36 @@ impl StubUpstream {
     /// Product requests served so far.
     pub fn hits(&self) -> u64 {
         self.state.product_hits.load(Ordering::SeqCst)
+    }
+
+    /// Product requests received so far: path and query of each.
+    pub fn requests(&self) -> Vec<String> {
+        self.state
+            .product_requests
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|(pq, _)| pq.clone())
+            .collect()
+    }
+
+    /// Headers of the last product request.
+    pub fn last_request_headers(&self) -> HeaderMap {
+        self.state
+            .product_requests
+            .lock()
+            .expect("lock")
+            .last()
+            .map(|(_, h)| h.clone())
+            .unwrap_or_default()
+    }
+
+    /// Makes found answers carry these headers (replacing earlier ones).
+    pub fn answer_with(&self, headers: &[(&str, &str)]) {
+        *self.state.answer_headers.lock().expect("lock") = headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
     }
 
     /// `http://addr`
@@ -519,11 +568,29 @@ impl Handler for StubHandler {
             id.parse::<u64>().ok()
         } else if path == "/api/product/info" {
             form_urlencoded::parse(query.as_bytes())
-                .find(|(k, _)| k == "sku_id")
+                .filter(|(k, _)| k == "sku_id")
+                .last()
                 .and_then(|(_, v)| v.parse::<u64>().ok())
         } else {
             return full(StatusCode::NOT_FOUND, "{\"error\":\"no route\"}".into());
         };
+        let lang = form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == "lang")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        let accept_language = req
+            .headers()
+            .get("accept-language")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        self.0.product_requests.lock().expect("lock").push((
+            req.uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+            req.headers().clone(),
+        ));
         self.0.product_hits.fetch_add(1, Ordering::SeqCst);
         if self.0.fail_with_500.load(Ordering::SeqCst) {
             return full(
@@ -532,10 +599,23 @@ impl Handler for StubHandler {
             );
         }
         match key {
-            Some(k) if self.0.keys.lock().expect("lock").contains(&k) => full(
-                StatusCode::OK,
-                format!("{{\"sku_id\":{k},\"source\":\"upstream\"}}"),
-            ),
+            Some(k) if self.0.keys.lock().expect("lock").contains(&k) => {
+                let mut r = full(
+                    StatusCode::OK,
+                    format!(
+                        "{{\"sku_id\":{k},\"source\":\"upstream\",\"lang\":\"{lang}\",\"accept_language\":\"{accept_language}\"}}"
+                    ),
+                );
+                for (name, value) in self.0.answer_headers.lock().expect("lock").iter() {
+                    if let (Ok(n), Ok(v)) = (
+                        http::HeaderName::from_bytes(name.as_bytes()),
+                        http::HeaderValue::from_str(value),
+                    ) {
+                        r.headers_mut().append(n, v);
+                    }
+                }
+                r
+            }
             _ => full(StatusCode::NOT_FOUND, "{\"error\":\"not found\"}".into()),
         }
     }
