@@ -166,7 +166,7 @@ async fn a_false_positive_becomes_a_negative_entry_until_its_ttl() {
         }
     }
     let key = fp.expect("a false positive among 1000 absent keys at p = 20%");
-    let base = db.selects().await;
+    let base = db.settled_selects().await;
     let r = proxy.get(&format!("/api/products/{key}")).await;
     assert_eq!((r.status.as_u16(), r.stage()), (404, "negative-hit"));
     assert_eq!(db.selects().await, base, "a negative hit makes no lookup");

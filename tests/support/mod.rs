@@ -104,6 +104,22 @@ impl TestDb {
         self.user_statistic("SELECT_COMMANDS").await
     }
 
+    /// SELECTs so far, once the count has stopped moving: MariaDB updates a user's
+    /// statistics when a statement ends, which can be just after its rows reached the
+    /// client, so a count read right after a lookup may not include it yet.
+    pub async fn settled_selects(&self) -> u64 {
+        let mut last = self.selects().await;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = self.selects().await;
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+        last
+    }
+
     /// Rows read so far by the proxy's user.
     pub async fn rows_read(&self) -> u64 {
         self.user_statistic("ROWS_READ").await
