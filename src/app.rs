@@ -15,6 +15,7 @@ use tokio::sync::watch;
 
 use crate::admin::Admin;
 use crate::cache::ResponseCache;
+use crate::client::Cidrs;
 use crate::config::{Config, KeySource, OriginConfig, UndeclaredQuery};
 use crate::db::{Db, PoolSettings};
 use crate::gate::Gate;
@@ -187,6 +188,12 @@ impl App {
             write_through.push(WriteThrough::new(w, gate, added).map_err(fail)?);
         }
 
+        // Validation already parsed these; a failure here would be a bug, named by field.
+        let trusted_proxies =
+            Cidrs::parse(&config.server.trusted_proxies).map_err(|reason| AppError::Route {
+                route: "server.trusted_proxies".into(),
+                reason,
+            })?;
         let proxy = Arc::new(Proxy::new(
             routes,
             ResponseCache::new(&config.cache),
@@ -194,6 +201,7 @@ impl App {
             config.server.max_body_bytes,
             metrics.passthrough(),
             write_through,
+            trusted_proxies,
         ));
         let admin_handler = Arc::new(Admin {
             gates: gates.clone(),
@@ -237,6 +245,8 @@ impl App {
         let options = ServeOptions {
             header_read_timeout: self.config.server.header_read_timeout,
             grace: self.config.server.shutdown_grace,
+            max_header_bytes: self.config.server.max_header_bytes,
+            max_uri_bytes: self.config.server.max_uri_bytes,
         };
         let mut loaders = Vec::new();
         if let Some(db) = &self.db {

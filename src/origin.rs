@@ -3,17 +3,20 @@
 //! Found or NotFound; it does not cache (see `cache`) and is never reached for a key the
 //! gate refused.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HOST, VIA};
 use http::uri::PathAndQuery;
-use http::{HeaderValue, Method, Request, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Either, Empty, Limited};
 
 use crate::cache::CachedResponse;
+use crate::client::Cidrs;
 use crate::db::{Db, DbError, KeyParam};
+use crate::forwarded;
 use crate::key::OwnedKey;
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -54,6 +57,18 @@ pub enum OriginError {
     Encode(#[from] serde_json::Error),
 }
 
+/// The client whose request led to an origin call, as forwarded headers describe it.
+/// With coalesced misses, it is the request that made the call.
+#[derive(Clone, Copy)]
+pub struct Client<'a> {
+    /// The socket peer.
+    pub peer: IpAddr,
+    /// The client's request headers (only the forwarded family is read).
+    pub headers: &'a HeaderMap,
+    /// Proxies whose forwarded headers are believed.
+    pub trusted: &'a Cidrs,
+}
+
 /// A route's origin.
 pub enum Origin {
     /// `SELECT … WHERE key = ?` through the sqlx pool.
@@ -79,11 +94,13 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// Looks `key` up. `path_and_query` is the client's, for upstream origins.
+    /// Looks `key` up. `path_and_query` is the client's, for upstream origins, and
+    /// `client` gives their forwarded headers (none without it).
     pub async fn fetch(
         &self,
         key: &OwnedKey,
         path_and_query: Option<&PathAndQuery>,
+        client: Option<Client<'_>>,
     ) -> Result<Fetched, OriginError> {
         match self {
             Origin::Sql {
@@ -120,7 +137,7 @@ impl Origin {
                 upstream,
                 not_found,
                 ttl,
-            } => fetch_upstream(upstream, not_found, *ttl, path_and_query).await,
+            } => fetch_upstream(upstream, not_found, *ttl, path_and_query, client).await,
         }
     }
 }
@@ -130,16 +147,20 @@ async fn fetch_upstream(
     not_found: &[StatusCode],
     ttl: Duration,
     path_and_query: Option<&PathAndQuery>,
+    client: Option<Client<'_>>,
 ) -> Result<Fetched, OriginError> {
     let authority = HeaderValue::from_str(upstream.authority().as_str())
         .map_err(|e| OriginError::UpstreamBody(e.to_string()))?;
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(Method::GET)
         .uri(upstream.uri_for(path_and_query)?)
         .header(HOST, authority)
         .header(VIA, HeaderValue::from_static("1.1 bloomgate"))
         .body(Either::Left(Empty::new()))
         .map_err(UpstreamError::from)?;
+    if let Some(c) = client {
+        forwarded::copy_rewritten(c.headers, c.peer, c.trusted, req.headers_mut());
+    }
     let resp = upstream.send(req).await?;
     let status = resp.status();
     if not_found.contains(&status) {

@@ -17,12 +17,13 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::cache::{CacheKey, CachedResponse, Loaded, Lookup, ResponseCache};
+use crate::client::Cidrs;
 use crate::config::{KeySource, Normalize, RouteMode};
 use crate::error::ProxyError;
 use crate::gate::{Gate, Verdict};
 use crate::key::{KeyBytes, KeyError, normalize};
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
-use crate::origin::Origin;
+use crate::origin::{Client, Origin};
 use crate::outcome::Outcome;
 use crate::passthrough;
 use crate::upstream::Upstream;
@@ -84,6 +85,8 @@ pub struct Proxy {
     max_body: u64,
     passthrough_metrics: PassthroughMetrics,
     write_through: Vec<WriteThrough>,
+    /// Proxies whose forwarded headers are passed on (`server.trusted_proxies`).
+    trusted_proxies: Cidrs,
 }
 
 impl Proxy {
@@ -95,6 +98,7 @@ impl Proxy {
         max_body: u64,
         passthrough_metrics: PassthroughMetrics,
         write_through: Vec<WriteThrough>,
+        trusted_proxies: Cidrs,
     ) -> Proxy {
         Proxy {
             routes,
@@ -103,6 +107,7 @@ impl Proxy {
             max_body,
             passthrough_metrics,
             write_through,
+            trusted_proxies,
         }
     }
 
@@ -117,7 +122,12 @@ impl Proxy {
             match self.route(req.uri().path()) {
                 Routing::Guarded(route, path) => {
                     let segment = route.pattern.matches(&path).unwrap_or_default();
-                    return self.guarded(route, segment, req.uri()).await;
+                    let client = Client {
+                        peer: peer.ip(),
+                        headers: req.headers(),
+                        trusted: &self.trusted_proxies,
+                    };
+                    return self.guarded(route, segment, req.uri(), Some(client)).await;
                 }
                 Routing::Refused(route, e) => return self.refused(route, e),
                 Routing::Pass => {}
@@ -130,6 +140,7 @@ impl Proxy {
             peer,
             self.max_body,
             &self.passthrough_metrics,
+            &self.trusted_proxies,
         )
         .await;
         match write {
@@ -139,12 +150,13 @@ impl Proxy {
     }
 
     /// Answers a GET for `uri` if a guarded route matches it, without a socket (the same
-    /// path `handle` takes; used by benchmarks and allocation tests).
+    /// path `handle` takes, minus forwarded headers on origin fetches, as there is no
+    /// client; used by benchmarks and allocation tests).
     pub async fn answer_guarded(&self, uri: &Uri) -> Option<Response<ProxyBody>> {
         match self.route(uri.path()) {
             Routing::Guarded(route, path) => {
                 let segment = route.pattern.matches(&path).unwrap_or_default();
-                Some(self.guarded(route, segment, uri).await)
+                Some(self.guarded(route, segment, uri, None).await)
             }
             Routing::Refused(route, e) => Some(self.refused(route, e)),
             Routing::Pass => None,
@@ -202,9 +214,15 @@ impl Proxy {
         resp
     }
 
-    async fn guarded(&self, route: &GuardedRoute, segment: &str, uri: &Uri) -> Response<ProxyBody> {
+    async fn guarded(
+        &self,
+        route: &GuardedRoute,
+        segment: &str,
+        uri: &Uri,
+        client: Option<Client<'_>>,
+    ) -> Response<ProxyBody> {
         let started = Instant::now();
-        let (served, counted, mut resp) = match self.decide(route, segment, uri).await {
+        let (served, counted, mut resp) = match self.decide(route, segment, uri, client).await {
             Ok(answer) => answer,
             Err(e) => {
                 e.log(&route.label);
@@ -218,12 +236,14 @@ impl Proxy {
     }
 
     /// The pipeline for one guarded request. Returns the stage that answered (for the
-    /// header), the outcome to count, and the response.
+    /// header), the outcome to count, and the response. `client` is who asked, for the
+    /// forwarded headers of an upstream origin fetch.
     async fn decide(
         &self,
         route: &GuardedRoute,
         segment: &str,
         uri: &Uri,
+        client: Option<Client<'_>>,
     ) -> Result<(Outcome, Outcome, Response<ProxyBody>), ProxyError> {
         let query = route.query.read(uri.query())?;
         let raw = match route.pattern.key_source() {
@@ -272,7 +292,7 @@ impl Proxy {
             let t = Instant::now();
             let fetched = route
                 .origin
-                .fetch(&cache_key.key, uri.path_and_query())
+                .fetch(&cache_key.key, uri.path_and_query(), client)
                 .await;
             route.metrics.observe_origin(t.elapsed());
             if fetched.is_err() {
