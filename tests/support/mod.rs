@@ -1,7 +1,8 @@
 //! Test harness: a real bloomgate on 127.0.0.1 port 0 (`TestProxy`), a throwaway MariaDB
 //! database and user per test (`TestDb`, counting the SELECTs the proxy runs), a real
 //! upstream API that counts its hits (`StubUpstream`), a TCP relay that can play a
-//! database that is down (`Relay`), and a small HTTP client.
+//! database that is down (`Relay`), a small HTTP client, and raw TCP exchanges
+//! (`send_raw`).
 
 #![allow(dead_code)]
 
