@@ -263,6 +263,8 @@ impl App {
         let options = ServeOptions {
             header_read_timeout: self.config.server.header_read_timeout,
             grace: self.config.server.shutdown_grace,
+            max_header_bytes: self.config.server.max_header_bytes,
+            max_uri_bytes: self.config.server.max_uri_bytes,
         };
         let mut loaders = Vec::new();
         if let Some(db) = &self.db {

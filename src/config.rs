@@ -721,12 +721,14 @@ impl Config {
                 "must be between 8192 and 1048576",
             ));
         }
+        // hyper answers targets over 65534 bytes with its own 414 before we see them.
         if self.server.max_uri_bytes < 256
             || self.server.max_uri_bytes > self.server.max_header_bytes
+            || self.server.max_uri_bytes > 65534
         {
             return Err(ConfigError::invalid(
                 "server.max_uri_bytes",
-                "must be at least 256 and at most server.max_header_bytes",
+                "must be at least 256, at most 65534 and at most server.max_header_bytes",
             ));
         }
         for (field, list) in [
@@ -1187,6 +1189,23 @@ mod tests {
     fn path_must_name_the_segment() {
         let e = err(&GOOD.replace("{ segment = \"id\" }", "{ segment = \"sku\" }"));
         assert!(e.contains("routes[0].path"), "{e}");
+    }
+
+    #[test]
+    fn head_and_target_limits_are_bounded() {
+        let with = |fields: &str| GOOD.replace("[server]", &format!("[server]\n{fields}"));
+        let e = err(&with("max_header_bytes = 4096"));
+        assert!(e.contains("server.max_header_bytes"), "{e}");
+        let e = err(&with("max_uri_bytes = 20000"));
+        assert!(e.contains("server.max_uri_bytes"), "{e}");
+        // Beyond what hyper itself lets through, even with a large head limit.
+        let e = err(&with("max_header_bytes = 131072\nmax_uri_bytes = 65535"));
+        assert!(e.contains("server.max_uri_bytes"), "{e}");
+        let c = Config::from_toml_str(&with("max_header_bytes = 131072\nmax_uri_bytes = 65534"))
+            .expect("valid");
+        assert_eq!(c.server.max_uri_bytes, 65534);
+        let e = err(&with("trusted_proxies = [\"10.0.0.0/33\"]"));
+        assert!(e.contains("server.trusted_proxies"), "{e}");
     }
 
     #[test]

@@ -35,6 +35,18 @@ pub enum ProxyError {
         /// Seconds until the client's window ends.
         retry_after_secs: u64,
     },
+    /// The client's request body could not be read while it was being forwarded (a
+    /// malformed chunk, a body cut short): 400. The upstream is not to blame.
+    #[error("the request body is malformed or incomplete")]
+    BadRequestBody(#[source] UpstreamError),
+    /// The request target (path and query) is longer than `server.max_uri_bytes`: 414.
+    #[error("the request target is {len} bytes long; at most {limit} are accepted")]
+    UriTooLong {
+        /// Length of the path and query received.
+        len: usize,
+        /// The configured limit.
+        limit: usize,
+    },
     /// The origin did not answer in time: 504.
     #[error("origin timed out: {0}")]
     Timeout(String),
@@ -53,11 +65,13 @@ impl ProxyError {
     /// The HTTP status this error answers with.
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadKey(_) | ProxyError::BadPath(_) | ProxyError::NonCanonicalPath => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::BadKey(_)
+            | ProxyError::BadPath(_)
+            | ProxyError::NonCanonicalPath
+            | ProxyError::BadRequestBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BudgetExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             ProxyError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway(_) => StatusCode::BAD_GATEWAY,
@@ -73,6 +87,8 @@ impl ProxyError {
             ProxyError::NonCanonicalPath => "non_canonical_path",
             ProxyError::BodyTooLarge => "body_too_large",
             ProxyError::BudgetExhausted { .. } => "budget_exhausted",
+            ProxyError::BadRequestBody(_) => "bad_request_body",
+            ProxyError::UriTooLong { .. } => "uri_too_long",
             ProxyError::Timeout(_) => "origin_timeout",
             ProxyError::Unavailable(_) => "origin_unavailable",
             ProxyError::BadGateway(_) => "bad_gateway",
@@ -85,7 +101,8 @@ impl ProxyError {
         if self.status().is_server_error() {
             tracing::error!(route, code = self.as_str(), error = %self, "request failed");
         } else {
-            tracing::debug!(route, code = self.as_str(), error = %self, "request refused");
+            let cause = std::error::Error::source(self).map(ToString::to_string);
+            tracing::debug!(route, code = self.as_str(), error = %self, cause, "request refused");
         }
     }
 
@@ -97,7 +114,9 @@ impl ProxyError {
             ProxyError::BodyTooLarge
             | ProxyError::BadPath(_)
             | ProxyError::NonCanonicalPath
-            | ProxyError::BudgetExhausted { .. } => self.to_string(),
+            | ProxyError::BudgetExhausted { .. }
+            | ProxyError::BadRequestBody(_)
+            | ProxyError::UriTooLong { .. } => self.to_string(),
             _ => self
                 .status()
                 .canonical_reason()
@@ -121,6 +140,7 @@ impl From<UpstreamError> for ProxyError {
     fn from(e: UpstreamError) -> Self {
         match e {
             UpstreamError::BodyTooLarge => ProxyError::BodyTooLarge,
+            UpstreamError::ClientBody(_) => ProxyError::BadRequestBody(e),
             UpstreamError::Timeout(_) => ProxyError::Timeout(e.to_string()),
             other => ProxyError::BadGateway(other.to_string()),
         }

@@ -19,12 +19,14 @@
 //! - [`proxy`]: the data-plane handler (`proxy::path` normalises request paths,
 //!   `proxy::route` matches routes, extracts keys and builds canonical origin targets).
 //! - [`passthrough`]: plain reverse proxying for routes that are not guarded.
+//! - [`forwarded`]: the `X-Forwarded-*` and `Forwarded` headers the next hop sees.
 //! - [`upstream`]: the pooled HTTP client to the upstream API.
 //! - [`outcome`]: how a guarded request ended (metric label, log field, header).
 //! - [`error`]: request-path errors and their responses.
 //! - [`metrics`]: every Prometheus metric, on a registry passed in.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
-//! - [`server`]: the HTTP/1.1 accept loop with timeouts and graceful shutdown.
+//! - [`server`]: the HTTP/1.1 accept loop with head limits, timeouts and graceful
+//!   shutdown.
 //! - [`app`]: wiring of all of the above from a config.
 //! - [`sync`]: incremental sync of new keys into the live filters.
 //! - [`watermark`]: how far sync has read the source.
@@ -41,6 +43,7 @@ pub mod db;
 pub mod demo;
 pub mod error;
 pub mod filter;
+pub mod forwarded;
 pub mod gate;
 pub mod http_cache;
 pub mod key;

@@ -1,22 +1,23 @@
 //! Plain reverse proxying for requests that are not on a guarded route: method, path,
-//! query, headers (minus hop-by-hop ones) and streamed bodies both ways, with
-//! X-Forwarded-For, X-Forwarded-Proto and Via added. No gate, no cache.
+//! query, headers (minus hop-by-hop ones) and streamed bodies both ways, with the
+//! forwarded headers rewritten (see `forwarded`) and Via added. No gate, no cache.
 
 use std::net::SocketAddr;
 
-use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, VIA};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, VIA};
+use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, Version};
-use http_body_util::{Either, Full, Limited};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
+use crate::client::Cidrs;
 use crate::error::ProxyError;
+use crate::forwarded;
 use crate::metrics::PassthroughMetrics;
 use crate::outcome::BYPASS;
 use crate::proxy::{ProxyBody, X_BLOOMGATE, error_response};
-use crate::upstream::Upstream;
+use crate::upstream::{self, Upstream};
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const VIA_VALUE: &str = "1.1 bloomgate";
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1, plus the
@@ -32,17 +33,19 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
-/// Forwards `req` to the upstream and streams the answer back.
+/// Forwards `req` to the upstream and streams the answer back. `trusted` are the
+/// proxies whose forwarded headers are kept.
 pub async fn forward(
     upstream: Option<&Upstream>,
     req: Request<Incoming>,
     peer: SocketAddr,
     max_body: u64,
     metrics: &PassthroughMetrics,
+    trusted: &Cidrs,
 ) -> Response<ProxyBody> {
     let mut resp = match upstream {
         None => no_upstream(),
-        Some(up) => match forward_inner(up, req, peer, max_body).await {
+        Some(up) => match forward_inner(up, req, peer, max_body, trusted).await {
             Ok(resp) => resp,
             Err(e) => {
                 e.log("passthrough");
@@ -61,6 +64,7 @@ async fn forward_inner(
     req: Request<Incoming>,
     peer: SocketAddr,
     max_body: u64,
+    trusted: &Cidrs,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let declared = req
         .headers()
@@ -71,12 +75,13 @@ async fn forward_inner(
         return Err(ProxyError::BodyTooLarge);
     }
     let (mut parts, body) = req.into_parts();
+    host_from_absolute_target(&mut parts);
     parts.uri = upstream.uri_for(parts.uri.path_and_query())?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
-    append_forwarded(&mut parts.headers, peer);
+    append_forwarded(&mut parts.headers, peer, trusted);
     let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
-    let upstream_req = Request::from_parts(parts, Either::Right(Limited::new(body, limit)));
+    let upstream_req = Request::from_parts(parts, upstream::client_body(body, limit));
     let resp = upstream.send(upstream_req).await?;
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -105,18 +110,36 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(http::header::TRANSFER_ENCODING);
 }
 
-fn append_forwarded(headers: &mut HeaderMap, peer: SocketAddr) {
-    let ip = peer.ip().to_string();
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prior) => format!("{prior}, {ip}"),
-        None => ip,
+/// Gives the upstream the Host the client's request was for.
+///
+/// A target in absolute form (`GET http://a.example/p`) names its host, and RFC 9112
+/// §3.2.2 makes that authority win over any Host header; a proxy forwarding it must
+/// generate Host from the target. We do that rather than refuse a mismatch: the client
+/// controls Host on every other request anyway, so this gives it nothing new, and the
+/// upstream then sees exactly the host every RFC-following hop in front of us used.
+fn host_from_absolute_target(parts: &mut Parts) {
+    let Some(authority) = parts.uri.authority() else {
+        return;
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert(X_FORWARDED_FOR, v);
+    // Host never carries userinfo (`user@`), which an authority may.
+    let host = match authority.port() {
+        Some(port) => format!("{}:{port}", authority.host()),
+        None => authority.host().to_owned(),
+    };
+    match HeaderValue::from_str(&host) {
+        Ok(value) => {
+            parts.headers.insert(HOST, value);
+        }
+        // Unreachable for a parsed authority; dropping the client's Host is the safe side.
+        Err(_) => {
+            parts.headers.remove(HOST);
+        }
     }
-    if !headers.contains_key(&X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    }
+}
+
+/// The forwarded headers as the upstream should see them, and this hop's Via.
+fn append_forwarded(headers: &mut HeaderMap, peer: SocketAddr, trusted: &Cidrs) {
+    forwarded::rewrite(headers, peer.ip(), trusted);
     headers.append(VIA, HeaderValue::from_static(VIA_VALUE));
 }
 
@@ -156,18 +179,49 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_for_appends() {
+    fn forwarded_headers_depend_on_the_peer() {
+        use crate::client::X_FORWARDED_FOR;
+        let trusted = Cidrs::parse(&["127.0.0.1/32"]).expect("valid");
+        let peer = SocketAddr::from(([127, 0, 0, 1], 5555));
         let mut h = HeaderMap::new();
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        append_forwarded(&mut h, SocketAddr::from(([127, 0, 0, 1], 5555)));
+        append_forwarded(&mut h, peer, &trusted);
         assert_eq!(
             h.get(X_FORWARDED_FOR).map(|v| v.as_bytes()),
             Some(&b"10.0.0.1, 127.0.0.1"[..])
         );
-        assert_eq!(
-            h.get(X_FORWARDED_PROTO).map(|v| v.as_bytes()),
-            Some(&b"http"[..])
-        );
         assert_eq!(h.get(VIA).map(|v| v.as_bytes()), Some(VIA_VALUE.as_bytes()));
+
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        append_forwarded(&mut h, peer, &Cidrs::default());
+        assert_eq!(
+            h.get(X_FORWARDED_FOR).map(|v| v.as_bytes()),
+            Some(&b"127.0.0.1"[..])
+        );
+    }
+
+    fn parts_of(target: &str, host: Option<&str>) -> Parts {
+        let mut req = Request::builder().uri(target);
+        if let Some(h) = host {
+            req = req.header(HOST, h);
+        }
+        req.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn an_absolute_target_decides_the_host() {
+        let host = |p: &Parts| p.headers.get(HOST).map(|v| v.as_bytes().to_vec());
+        let mut p = parts_of("http://other.example/echo", Some("good.example"));
+        host_from_absolute_target(&mut p);
+        assert_eq!(host(&p), Some(b"other.example".to_vec()));
+        let mut p = parts_of("http://user:pw@other.example:8081/x?q", None);
+        host_from_absolute_target(&mut p);
+        assert_eq!(host(&p), Some(b"other.example:8081".to_vec()));
+        assert_eq!(p.headers.get_all(HOST).iter().count(), 1);
+        // Origin form: the client's Host stays.
+        let mut p = parts_of("/echo", Some("good.example"));
+        host_from_absolute_target(&mut p);
+        assert_eq!(host(&p), Some(b"good.example".to_vec()));
     }
 }

@@ -166,6 +166,7 @@ impl Proxy {
             peer,
             self.max_body,
             &self.passthrough_metrics,
+            &self.edge.trusted_proxies,
         )
         .await;
         if !show {

@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
-use http_body_util::{Either, Empty, LengthLimitError, Limited};
+use http_body_util::combinators::MapErr;
+use http_body_util::{BodyExt, Either, Empty, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -16,8 +17,27 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::UpstreamConfig;
 
-/// Request bodies sent upstream: empty (origin fetches) or the client's body, bounded.
-pub type UpstreamBody = Either<Empty<Bytes>, Limited<Incoming>>;
+/// Request bodies sent upstream: empty (origin fetches) or the client's body, bounded,
+/// its read errors marked as the client's (see [`client_body`]).
+pub type UpstreamBody = Either<Empty<Bytes>, ClientBody>;
+
+/// The client's request body on its way upstream.
+pub type ClientBody = MapErr<Limited<Incoming>, fn(BoxError) -> ClientBodyError>;
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// Reading the client's request body failed while it was being forwarded: a malformed
+/// chunk, a body cut short, or more bytes than the limit. The mark tells these apart
+/// from failures of the upstream connection, which carry no such error in their chain.
+#[derive(Debug, thiserror::Error)]
+#[error("reading the client's request body failed: {0}")]
+pub struct ClientBodyError(#[source] BoxError);
+
+/// The client's body, bounded to `limit` bytes, ready to be sent upstream.
+pub fn client_body(body: Incoming, limit: usize) -> UpstreamBody {
+    let mark: fn(BoxError) -> ClientBodyError = ClientBodyError;
+    Either::Right(Limited::new(body, limit).map_err(mark))
+}
 
 /// Why an upstream exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +48,9 @@ pub enum UpstreamError {
     /// The client's body exceeded `server.max_body_bytes` while being forwarded.
     #[error("request body exceeds the configured limit")]
     BodyTooLarge,
+    /// The client's body could not be read while being forwarded (malformed or cut short).
+    #[error("forwarding the request body failed: {0}")]
+    ClientBody(#[source] hyper_util::client::legacy::Error),
     /// Connecting or exchanging failed.
     #[error("upstream request failed: {0}")]
     Request(#[source] hyper_util::client::legacy::Error),
@@ -112,16 +135,18 @@ impl Upstream {
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) if caused_by_length_limit(&e) => Err(UpstreamError::BodyTooLarge),
+            Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(UpstreamError::BodyTooLarge),
+            Ok(Err(e)) if caused_by::<ClientBodyError>(&e) => Err(UpstreamError::ClientBody(e)),
             Ok(Err(e)) => Err(UpstreamError::Request(e)),
         }
     }
 }
 
-fn caused_by_length_limit(e: &(dyn StdError + 'static)) -> bool {
+/// Whether an error of type `T` is anywhere in the chain of `e`.
+fn caused_by<T: StdError + 'static>(e: &(dyn StdError + 'static)) -> bool {
     let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
     while let Some(err) = cur {
-        if err.is::<LengthLimitError>() {
+        if err.is::<T>() {
             return true;
         }
         cur = err.source();

@@ -1,7 +1,8 @@
 //! Test harness: a real bloomgate on 127.0.0.1 port 0 (`TestProxy`), a throwaway MariaDB
 //! database and user per test (`TestDb`, counting the SELECTs the proxy runs), a real
 //! upstream API that counts its hits (`StubUpstream`), a TCP relay that can play a
-//! database that is down (`Relay`), and a small HTTP client.
+//! database that is down (`Relay`), a small HTTP client, and raw TCP exchanges
+//! (`send_raw`).
 
 #![allow(dead_code)]
 
@@ -24,6 +25,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 
@@ -211,8 +213,14 @@ pub struct TestProxy {
 impl TestProxy {
     /// Starts bloomgate with `toml` (listen addresses replaced by 127.0.0.1:0).
     pub async fn spawn(toml: &str) -> TestProxy {
+        Self::spawn_on(toml, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Starts bloomgate with its data plane on `data` (e.g. `[::]:0` for a dual-stack
+    /// listener) and its admin plane on 127.0.0.1:0.
+    pub async fn spawn_on(toml: &str, data: SocketAddr) -> TestProxy {
         let mut config = Config::from_toml_str(toml).expect("valid test config");
-        config.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.server.listen = data;
         config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         let app = App::bind(config).await.expect("bind");
         let (data, admin) = (app.data_addr(), app.admin_addr());
@@ -444,9 +452,12 @@ impl StubUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind stub");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = watch::channel(false);
+        // Generous limits: the stub must take whatever bloomgate forwards.
         let options = ServeOptions {
             header_read_timeout: Duration::from_secs(10),
             grace: Duration::from_secs(1),
+            max_header_bytes: 256 * 1024,
+            max_uri_bytes: 256 * 1024,
         };
         tokio::spawn(server::serve(
             listener,
@@ -737,4 +748,50 @@ where
 /// A frame of data, for building request bodies in tests.
 pub fn data_frame(b: &'static [u8]) -> Frame<Bytes> {
     Frame::data(Bytes::from_static(b))
+}
+
+/// Writes `request` as raw bytes on a new connection and reads until the server closes
+/// it; returns what was read (lossy UTF-8). A reset after the answer counts as closed.
+/// Fails the test if the connection is still open after 30 s.
+pub async fn send_raw(addr: SocketAddr, request: &[u8]) -> String {
+    raw_exchange(addr, request, false).await
+}
+
+/// As [`send_raw`], but shuts down the write side (TCP FIN) right after the request.
+pub async fn send_raw_half_closed(addr: SocketAddr, request: &[u8]) -> String {
+    raw_exchange(addr, request, true).await
+}
+
+async fn raw_exchange(addr: SocketAddr, request: &[u8], half_close: bool) -> String {
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    // The server may answer and close before it has read everything (that is what
+    // limits do); a failed write is then not the test's concern, the answer is.
+    let _ = conn.write_all(request).await;
+    if half_close {
+        conn.shutdown().await.expect("shut down the write side");
+    }
+    let mut read = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, conn.read(&mut chunk)).await {
+            Err(_) => panic!(
+                "connection still open after 30s; read so far: {}",
+                String::from_utf8_lossy(&read)
+            ),
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => read.extend_from_slice(&chunk[..n]),
+        }
+    }
+    String::from_utf8_lossy(&read).into_owned()
+}
+
+/// The status code of the first response in a raw answer (0 if there is none).
+pub fn raw_status(answer: &str) -> u16 {
+    answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
 }
