@@ -367,7 +367,7 @@ pub enum Normalize {
         /// Fold ASCII and Unicode letters to lower case.
         #[serde(default)]
         lowercase: bool,
-        /// Longest accepted key, in bytes after trimming.
+        /// Longest accepted key, in bytes after trimming and lowercasing.
         #[serde(default = "default_max_len")]
         max_len: usize,
     },

@@ -153,11 +153,13 @@ fn parse_u64(s: &str) -> Result<u64, KeyError> {
             KeyError::NotAnInteger
         });
     }
+    // Every byte is checked before any is added up, so that text which merely starts
+    // with many digits is "not an integer" rather than "out of range".
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(KeyError::NotAnInteger);
+    }
     let mut n: u64 = 0;
     for b in digits.bytes() {
-        if !b.is_ascii_digit() {
-            return Err(KeyError::NotAnInteger);
-        }
         n = n
             .checked_mul(10)
             .and_then(|n| n.checked_add(u64::from(b - b'0')))
@@ -191,10 +193,23 @@ fn normalize_text(
     if trimmed.chars().any(char::is_control) {
         return Err(KeyError::InvalidCharacters);
     }
-    if lowercase && trimmed.chars().any(char::is_uppercase) {
-        return Ok(Cow::Owned(trimmed.to_lowercase()));
+    if lowercase && trimmed.chars().any(changes_when_lowercased) {
+        // Lower case can be longer (`Ⱥ` is 2 bytes, `ⱥ` 3), and the bound is on the key
+        // the filter and the cache see.
+        let lower = trimmed.to_lowercase();
+        if lower.len() > max_len {
+            return Err(KeyError::TooLong(max_len));
+        }
+        return Ok(Cow::Owned(lower));
     }
     Ok(trimmed)
+}
+
+/// Whether lowercasing rewrites `c`: upper-case letters, and also title-case ones such as
+/// `ǅ`, which `char::is_uppercase` does not count.
+fn changes_when_lowercased(c: char) -> bool {
+    let mut lower = c.to_lowercase();
+    lower.next() != Some(c) || lower.next().is_some()
 }
 
 #[cfg(test)]
@@ -224,6 +239,9 @@ mod tests {
         assert_eq!(int("1.0"), Err(KeyError::NotAnInteger));
         assert_eq!(int("١٢"), Err(KeyError::NotAnInteger));
         assert_eq!(int("18446744073709551616"), Err(KeyError::OutOfRange));
+        // Too many digits for a u64, but not digits only: not an integer at all.
+        assert_eq!(int("99999999999999999999x"), Err(KeyError::NotAnInteger));
+        assert_eq!(int("18446744073709551616¡"), Err(KeyError::NotAnInteger));
     }
 
     #[test]
@@ -245,5 +263,29 @@ mod tests {
             normalize(&rule, Cow::Borrowed("a\u{0}b")),
             Err(KeyError::InvalidCharacters)
         );
+    }
+
+    #[test]
+    fn lowercasing_folds_title_case_and_keeps_the_bound() {
+        let rule = |max_len| Normalize::String {
+            lowercase: true,
+            max_len,
+        };
+        // Title case (Lt) is not upper case (Lu) but still has a lower case: all three
+        // spellings of the digraph are one key.
+        for raw in ["\u{1c4}", "\u{1c5}", "\u{1c6}"] {
+            let k = normalize(&rule(8), Cow::Borrowed(raw)).expect("valid");
+            assert_eq!(k, NormKey::Text(Cow::Borrowed("\u{1c6}")), "{raw:?}");
+        }
+        // `Ⱥ` (2 bytes) lowercases to `ⱥ` (3 bytes): the bound holds after folding.
+        assert_eq!(
+            normalize(&rule(2), Cow::Borrowed("\u{23a}")),
+            Err(KeyError::TooLong(2))
+        );
+        let k = normalize(&rule(3), Cow::Borrowed("\u{23a}")).expect("valid");
+        assert_eq!(k, NormKey::Text(Cow::Borrowed("\u{2c65}")));
+        // A letter without a lower case is left alone and borrowed.
+        let k = normalize(&rule(8), Cow::Borrowed("\u{1d400}")).expect("valid");
+        assert!(matches!(k, NormKey::Text(Cow::Borrowed("\u{1d400}"))));
     }
 }
