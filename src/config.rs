@@ -830,6 +830,14 @@ impl Config {
                     format!("filter `{name}` loads from the database, but [database] is missing"),
                 ));
             }
+            // A gate that lets more than half of the absent keys through protects nothing,
+            // and sizing a filter for a rate near 1 takes time that grows with the items.
+            if f.false_positive_rate > 0.5 {
+                return Err(ConfigError::invalid(
+                    at("false_positive_rate"),
+                    format!("{} is above 0.5", f.false_positive_rate),
+                ));
+            }
             crate::filter::BloomParams::optimal(f.expected_items, f.false_positive_rate).map_err(
                 |e| {
                     let field = if f.expected_items == 0 {
@@ -1183,6 +1191,17 @@ mod tests {
             "expected_items = 1000\nfalse_positive_rate = 1.5",
         ));
         assert!(e.contains("filters.products.false_positive_rate"), "{e}");
+    }
+
+    #[test]
+    fn rates_near_one_are_refused_before_sizing() {
+        // Sizing a filter for a rate near 1 used to take minutes at this size.
+        let e = err(&GOOD.replace(
+            "expected_items = 1000",
+            "expected_items = 10000000000\nfalse_positive_rate = 0.99999999",
+        ));
+        assert!(e.contains("filters.products.false_positive_rate"), "{e}");
+        assert!(e.contains("above 0.5"), "{e}");
     }
 
     #[test]

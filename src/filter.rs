@@ -68,8 +68,9 @@ const PROBE_BITS: u32 = 9;
 /// Probes drawn from one 64-bit word of hash before the next word is mixed.
 const PROBES_PER_WORD: u32 = 64 / PROBE_BITS;
 
-/// The most hashes [`BloomParams::optimal`] will choose; enough for any rate above 10^-18.
-const MAX_OPTIMAL_HASHES: u32 = 64;
+/// The most hashes [`BloomParams::optimal`] will choose (and a snapshot may declare);
+/// enough for any rate above 10^-18.
+pub const MAX_OPTIMAL_HASHES: u32 = 64;
 
 /// The largest number of 1% steps [`BloomParams::optimal`] adds to the classic size while
 /// looking for one whose blocked rate meets the target.

@@ -513,8 +513,14 @@ fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
             params.bits
         )));
     }
-    if params.hashes == 0 {
-        return Err(SnapshotError::BadHeader("hash count is 0".to_owned()));
+    if params.hashes == 0 || params.hashes > crate::filter::MAX_OPTIMAL_HASHES {
+        // Sizing never picks more; a forged count would make every lookup probe billions
+        // of bits.
+        return Err(SnapshotError::BadHeader(format!(
+            "hash count {} is outside 1..={}",
+            params.hashes,
+            crate::filter::MAX_OPTIMAL_HASHES
+        )));
     }
     let expected = header.file_len();
     if actual < expected {

@@ -281,7 +281,7 @@ fn a_damaged_bit_count_is_caught_before_the_checksum() {
 }
 
 #[test]
-fn zero_bits_or_hashes_are_an_inconsistent_header() {
+fn zero_bits_or_a_hash_count_out_of_range_are_an_inconsistent_header() {
     let dir = TempDir::new("zero");
     let bytes = valid_bytes(&dir);
     let mut no_bits = bytes.clone();
@@ -297,9 +297,21 @@ fn zero_bits_or_hashes_are_an_inconsistent_header() {
     reseal(&mut no_hashes);
     let err = decode(&no_hashes).expect_err("0 hashes");
     assert!(
-        matches!(&err, SnapshotError::BadHeader(m) if m.contains("hash count is 0")),
+        matches!(&err, SnapshotError::BadHeader(m) if m.contains("hash count 0 is outside")),
         "{err:?}"
     );
+    // A forged count past what sizing ever picks would make each lookup probe billions
+    // of bits: refused, even with a valid checksum.
+    for forged in [65u32, u32::MAX] {
+        let mut many = bytes.clone();
+        many[24..28].copy_from_slice(&forged.to_le_bytes());
+        reseal(&mut many);
+        let err = decode(&many).expect_err("too many hashes");
+        assert!(
+            matches!(&err, SnapshotError::BadHeader(m) if m.contains("is outside 1..=64")),
+            "{forged}: {err:?}"
+        );
+    }
 }
 
 #[test]
