@@ -68,8 +68,13 @@ pub struct GuardedRoute {
 
 /// Where a request goes.
 enum Routing<'r, 'p> {
-    /// Through the pipeline of this route, matched on this canonical path.
-    Guarded(&'r GuardedRoute, std::borrow::Cow<'p, str>),
+    /// Through the pipeline of this route, matched on this canonical path, whose key
+    /// segment (empty for query keys) is at this range.
+    Guarded(
+        &'r GuardedRoute,
+        std::borrow::Cow<'p, str>,
+        std::ops::Range<usize>,
+    ),
     /// Refused with 400: a spelling of this route's resource that cannot be gated.
     Refused(&'r GuardedRoute, ProxyError),
     /// Not guarded: passed through as sent.
@@ -151,9 +156,8 @@ impl Proxy {
                 peer: peer.ip(),
             };
             match self.route(req.uri().path()) {
-                Routing::Guarded(route, path) => {
-                    let segment = route.pattern.matches(&path).unwrap_or_default();
-                    return self.guarded(route, segment, &view, show).await;
+                Routing::Guarded(route, path, key) => {
+                    return self.guarded(route, &path[key], &view, show).await;
                 }
                 Routing::Refused(route, e) => return self.refused(route, e, show),
                 Routing::Pass => {}
@@ -190,9 +194,8 @@ impl Proxy {
         };
         let show = self.shows_outcome(view.peer, &headers);
         match self.route(uri.path()) {
-            Routing::Guarded(route, path) => {
-                let segment = route.pattern.matches(&path).unwrap_or_default();
-                Some(self.guarded(route, segment, &view, show).await)
+            Routing::Guarded(route, path, key) => {
+                Some(self.guarded(route, &path[key], &view, show).await)
             }
             Routing::Refused(route, e) => Some(self.refused(route, e, show)),
             Routing::Pass => None,
@@ -223,12 +226,12 @@ impl Proxy {
         }
         match path::canonical(raw) {
             Ok(canonical) => {
-                if let Some(route) = self
-                    .routes
-                    .iter()
-                    .find(|r| r.pattern.matches(&canonical).is_some())
-                {
-                    return Routing::Guarded(route, canonical);
+                let matched = self.routes.iter().find_map(|r| {
+                    let segment = r.pattern.matches(&canonical)?;
+                    Some((r, segment_range(&canonical, segment)))
+                });
+                if let Some((route, key)) = matched {
+                    return Routing::Guarded(route, canonical, key);
                 }
                 // Matches nothing as written. A path without escapes, '\' or ';' reads
                 // the same to every upstream, so it is not guarded.
@@ -462,6 +465,15 @@ fn not_found() -> Response<ProxyBody> {
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
+}
+
+/// Where `segment`, a slice of `path` (or an empty one from elsewhere), lies in it.
+fn segment_range(path: &str, segment: &str) -> std::ops::Range<usize> {
+    if segment.is_empty() {
+        return 0..0;
+    }
+    let start = segment.as_ptr() as usize - path.as_ptr() as usize;
+    start..start + segment.len()
 }
 
 /// What a route forwards besides the key, as part of the cache key; `None` (and no
