@@ -25,8 +25,8 @@ use crate::config::{KeySource, Normalize, OutcomeHeaderPolicy, RouteMode};
 use crate::error::ProxyError;
 use crate::gate::{Gate, Verdict};
 use crate::http_cache;
-use crate::key::OwnedKey;
 use crate::key::{KeyBytes, KeyError, normalize};
+use crate::key::{NormKey, OwnedKey};
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
 use crate::origin::Origin;
 use crate::outcome::Outcome;
@@ -324,21 +324,10 @@ impl Proxy {
             // Short-circuit: the key is certainly absent; no cache, no origin.
             return Ok((Outcome::Intercepted, Outcome::Intercepted, not_found()));
         }
-        let failing_open = verdict == Verdict::Unavailable;
-        // What to count: fail-open and shadow verdicts override the stage that answered.
-        let answer = |served: Outcome, found: bool, resp: Response<ProxyBody>| {
-            if failing_open {
-                return (Outcome::FailOpen, Outcome::FailOpen, resp);
-            }
-            if shadow_absent {
-                if found {
-                    self.false_negative(route, &key);
-                }
-                return (served, Outcome::WouldIntercept, resp);
-            }
-            (served, served, resp)
+        let counting = Counting {
+            failing_open: verdict == Verdict::Unavailable,
+            shadow_absent,
         };
-
         let cache_key = CacheKey {
             route: route.id,
             key: key.to_owned_key(),
@@ -347,12 +336,62 @@ impl Proxy {
         let credentials = http_cache::has_credentials(req.headers);
         match self.cache.lookup(&cache_key).await {
             Lookup::Hit(cached) if !credentials || cached.with_credentials => {
-                return Ok(answer(Outcome::CacheHit, true, replay(cached, req.headers)));
+                let resp = replay(cached, req.headers);
+                return Ok(self.count(route, &key, counting, Outcome::CacheHit, true, resp));
             }
-            Lookup::NegativeHit => return Ok(answer(Outcome::NegativeHit, false, not_found())),
+            Lookup::NegativeHit => {
+                let resp = not_found();
+                return Ok(self.count(route, &key, counting, Outcome::NegativeHit, false, resp));
+            }
             Lookup::Hit(_) | Lookup::Miss => {}
         }
+        // Boxed: the origin call and the coalesced load are most of this future's state,
+        // and every request's future is moved whole at least once, so the paths that
+        // never reach the origin should not carry that state.
+        Box::pin(self.through_origin(route, &key, req, cache_key, credentials, counting)).await
+    }
 
+    /// What to count for a request: fail-open and shadow verdicts override the stage
+    /// that answered.
+    fn count(
+        &self,
+        route: &GuardedRoute,
+        key: &NormKey<'_>,
+        counting: Counting,
+        served: Outcome,
+        found: bool,
+        resp: Response<ProxyBody>,
+    ) -> (Outcome, Outcome, Response<ProxyBody>) {
+        if counting.failing_open {
+            return (Outcome::FailOpen, Outcome::FailOpen, resp);
+        }
+        if counting.shadow_absent {
+            if found {
+                self.false_negative(route, key);
+            }
+            return (served, Outcome::WouldIntercept, resp);
+        }
+        (served, served, resp)
+    }
+
+    /// The part of the pipeline past a cache miss: the false-positive budget, then the
+    /// origin through the coalesced (or, with credentials, private) load.
+    async fn through_origin(
+        &self,
+        route: &GuardedRoute,
+        key: &NormKey<'_>,
+        req: &GuardedRequest<'_>,
+        cache_key: CacheKey,
+        credentials: bool,
+        counting: Counting,
+    ) -> Result<(Outcome, Outcome, Response<ProxyBody>), ProxyError> {
+        let answer = |served: Outcome, found: bool, resp: Response<ProxyBody>| {
+            self.count(route, key, counting, served, found, resp)
+        };
+        let Counting {
+            failing_open,
+            shadow_absent,
+        } = counting;
         // Past this point the request needs the origin, unless another request's load
         // answers it. A client that has used up its false-positive budget waits.
         let client = self
@@ -382,7 +421,7 @@ impl Proxy {
         };
         // Taken before the origin is asked: an admission of this key from here on means a
         // "not found" may predate the key's row, and must not be kept.
-        let fence = route.gate.fence(&key);
+        let fence = route.gate.fence(key);
         let negative = Negative {
             ttl: route.negative_ttl,
             still_absent: &|| fence.holds(),
@@ -422,7 +461,7 @@ impl Proxy {
     }
 
     /// Counts a false negative (shadow mode) and logs each key once.
-    fn false_negative(&self, route: &GuardedRoute, key: &crate::key::NormKey<'_>) {
+    fn false_negative(&self, route: &GuardedRoute, key: &NormKey<'_>) {
         route.metrics.false_negative();
         let owned = key.to_owned_key();
         let mut seen = route
@@ -479,6 +518,15 @@ impl Proxy {
     pub fn cache(&self) -> &ResponseCache {
         &self.cache
     }
+}
+
+/// How the gate's verdict changes what a request is counted as.
+#[derive(Debug, Clone, Copy)]
+struct Counting {
+    /// No filter was loaded: the request went on without the gate.
+    failing_open: bool,
+    /// A shadow route's gate called the key absent.
+    shadow_absent: bool,
 }
 
 /// What an admission drops from the response cache.
