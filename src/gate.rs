@@ -7,7 +7,7 @@ mod build;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use serde::Serialize;
@@ -19,6 +19,7 @@ use crate::config::{FilterConfig, Normalize};
 use crate::filter::{BloomFilter, FilterStats};
 use crate::key::{KeyBytes, NormKey};
 use crate::metrics::FilterMetrics;
+use crate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use crate::watermark::Watermark;
 
 /// What the gate says about a key.
@@ -105,8 +106,8 @@ pub struct Gate {
     rebuild: Notify,
     /// Why the next rebuild was asked for (the last request wins).
     rebuild_reason: Mutex<RebuildReason>,
-    /// How far incremental sync has read; `None` before the first build or without sync.
-    watermark: Mutex<Option<Watermark>>,
+    /// How far incremental sync has read, and what it skipped over.
+    watermark: Mutex<SyncPosition>,
     status: Mutex<LoadStatus>,
     metrics: FilterMetrics,
 }
@@ -116,6 +117,7 @@ impl Gate {
     pub fn new(name: &str, config: FilterConfig, metrics: FilterMetrics) -> Gate {
         metrics.set_ready(false);
         let source_query = Arc::from(config.source_query.as_str());
+        let position = SyncPosition::new(&config);
         Gate {
             name: Arc::from(name),
             target_capacity: AtomicU64::new(config.expected_items),
@@ -128,7 +130,7 @@ impl Gate {
             capacity_warned: AtomicBool::new(false),
             rebuild: Notify::new(),
             rebuild_reason: Mutex::new(RebuildReason::Requested),
-            watermark: Mutex::new(None),
+            watermark: Mutex::new(position),
             status: Mutex::new(LoadStatus {
                 result: "never",
                 ..LoadStatus::default()
@@ -226,17 +228,57 @@ impl Gate {
         self.live.load().as_deref().map(BloomFilter::stats)
     }
 
-    /// The current sync watermark.
+    /// The current sync watermark: the largest value sync or a build has reached.
     pub fn watermark(&self) -> Option<Watermark> {
-        *lock(&self.watermark)
+        lock(&self.watermark).mark
     }
 
     /// Moves the sync watermark forward (never back).
     pub fn advance_watermark(&self, to: Watermark) {
-        let mut w = lock(&self.watermark);
-        if w.is_none_or(|cur| to > cur) {
-            *w = Some(to);
+        lock(&self.watermark).advance(to);
+    }
+
+    /// `mark`, or the lowest open gap if that is lower: where an integer-watermark poll
+    /// starts, and what a snapshot written for a build that started at `mark` records,
+    /// so a restart reads the open gaps again.
+    pub fn resume_at_most(&self, mark: Watermark) -> Watermark {
+        lock(&self.watermark).resume_at_most(mark)
+    }
+
+    /// Open gap ranges, for `/admin/filters`; `None` unless sync uses integer watermarks.
+    pub fn sync_open_gaps(&self) -> Option<usize> {
+        let p = lock(&self.watermark);
+        matches!(p.mark, Some(Watermark::Int(_))).then(|| p.gaps.len())
+    }
+
+    /// A full build read the source from `start`: moves the watermark there if that is
+    /// ahead, and then (integer watermarks) opens the `overlap_ids` ids below it as gaps,
+    /// for rows whose transactions were still open while the build scanned. When sync is
+    /// already past `start`, nothing changes.
+    pub fn start_sync_at(&self, start: Watermark) {
+        let mut p = lock(&self.watermark);
+        if p.advance(start) {
+            if let Watermark::Int(id) = start {
+                p.gaps.open_below(id, Instant::now());
+            }
+            self.metrics.set_sync_open_gaps(p.gaps.len());
         }
+    }
+
+    /// Applies the ids an integer-watermark poll read (any order; sorted here): closes
+    /// the gaps they fill, opens gaps for the ids between `prev` (the watermark the poll
+    /// was computed from) and the largest id read that it skipped, expires old gaps,
+    /// and moves the watermark to the largest id. `started` is when its query was sent.
+    pub fn record_poll_ids(&self, prev: i64, ids: &mut Vec<i64>, started: Instant) -> PollGaps {
+        ids.sort_unstable();
+        ids.dedup();
+        let mut p = lock(&self.watermark);
+        let report = p.gaps.record_poll(prev, ids, started, Instant::now());
+        if let Some(&newest) = ids.last() {
+            p.advance(Watermark::Int(newest));
+        }
+        self.metrics.set_sync_open_gaps(p.gaps.len());
+        report
     }
 
     /// Refreshes the filter gauges (called at scrape time and after changes).
@@ -259,6 +301,41 @@ impl Gate {
 
     fn update_status(&self, f: impl FnOnce(&mut LoadStatus)) {
         f(&mut lock(&self.status));
+    }
+}
+
+/// The sync watermark and the gaps below it, behind one lock so that a poll's update and
+/// a build's swap never interleave.
+struct SyncPosition {
+    /// The largest watermark applied; `None` before the first build or without sync.
+    mark: Option<Watermark>,
+    /// Ids below `mark` that no poll has read yet (integer watermarks only).
+    gaps: Gaps,
+}
+
+impl SyncPosition {
+    fn new(config: &FilterConfig) -> SyncPosition {
+        let gaps = match &config.sync {
+            Some(s) => Gaps::new(s.gap_timeout, s.overlap_ids, MAX_OPEN_RANGES),
+            None => Gaps::new(std::time::Duration::ZERO, 0, MAX_OPEN_RANGES),
+        };
+        SyncPosition { mark: None, gaps }
+    }
+
+    /// Moves the mark forward; true if it moved.
+    fn advance(&mut self, to: Watermark) -> bool {
+        let ahead = self.mark.is_none_or(|cur| to > cur);
+        if ahead {
+            self.mark = Some(to);
+        }
+        ahead
+    }
+
+    fn resume_at_most(&self, mark: Watermark) -> Watermark {
+        match mark {
+            Watermark::Int(id) => Watermark::Int(self.gaps.resume_from(id)),
+            other => other,
+        }
     }
 }
 

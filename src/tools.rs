@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::config::Config;
+use crate::config::{Config, FilterConfig};
 use crate::db::{Db, PoolSettings};
 use crate::filter::{BloomFilter, BloomParams, snapshot};
 use crate::gate::{fill, secret_seed, start_watermark};
+use crate::sync::gaps::Gaps;
+use crate::watermark::Watermark;
 
 /// Builds the snapshot of `filter` (or of every filter that has a `snapshot_path` when
 /// `None`) from the database, writing to `out` or the configured path.
@@ -55,7 +57,7 @@ pub async fn build(
             (None, None) => bail!("filter `{name}` has no snapshot_path; pass --out PATH"),
         };
         let source: Arc<str> = Arc::from(f.source_query.as_str());
-        let mark = start_watermark(f, &db).await?;
+        let mark = start_watermark(f, &db).await?.map(|m| resume_point(m, f));
         let count = db
             .count_rows(&source)
             .await
@@ -102,6 +104,20 @@ pub async fn build(
     }
     db.close().await;
     Ok(())
+}
+
+/// The watermark a snapshot built from `start` records: for integer watermarks, the
+/// `overlap_ids` ids below it, which a live build opens as gaps (rows whose transactions
+/// were open during the scan), so the first poll after loading reads them.
+fn resume_point(start: Watermark, f: &FilterConfig) -> Watermark {
+    match (start, &f.sync) {
+        (Watermark::Int(id), Some(sync)) => {
+            let mut gaps = Gaps::new(sync.gap_timeout, sync.overlap_ids, 1);
+            gaps.open_below(id, Instant::now());
+            Watermark::Int(gaps.resume_from(id))
+        }
+        _ => start,
+    }
 }
 
 /// Prints a snapshot's header and statistics after verifying it.

@@ -204,7 +204,9 @@ impl Gate {
         }
         self.publish_metrics();
         let (_, start_mark) = result?;
-        self.write_snapshot(start_mark).await;
+        // A restart resumes from the snapshot's mark: never above an open gap.
+        self.write_snapshot(start_mark.map(|m| self.resume_at_most(m)))
+            .await;
         Ok(())
     }
 
@@ -249,7 +251,7 @@ impl Gate {
                 self.building.store(None);
                 self.capacity_warned.store(false, Ordering::Relaxed);
                 if let Some(m) = start_mark {
-                    self.advance_watermark(m);
+                    self.start_sync_at(m);
                 }
                 self.metrics.set_ready(true);
                 Ok(((rows, skipped), start_mark))
