@@ -238,11 +238,25 @@ impl Gate {
         lock(&self.watermark).advance(to);
     }
 
-    /// `mark`, or the lowest open gap if that is lower: where an integer-watermark poll
-    /// starts, and what a snapshot written for a build that started at `mark` records,
-    /// so a restart reads the open gaps again.
-    pub fn resume_at_most(&self, mark: Watermark) -> Watermark {
-        lock(&self.watermark).resume_at_most(mark)
+    /// Where a poll computed from `mark` starts: for integer watermarks, the lowest open
+    /// gap if that is lower (the query's `>=` reads it again).
+    pub fn sync_poll_start(&self, mark: Watermark) -> Watermark {
+        let p = lock(&self.watermark);
+        match mark {
+            Watermark::Int(id) => Watermark::Int(p.gaps.resume_from(id)),
+            other => other,
+        }
+    }
+
+    /// What a snapshot of a build that started at `mark` records: for integer
+    /// watermarks, a mark below the `overlap_ids` window and below the lowest open gap,
+    /// so a restart from it reads them again and finds the ids still missing.
+    pub fn sync_restart_mark(&self, mark: Watermark) -> Watermark {
+        let p = lock(&self.watermark);
+        match mark {
+            Watermark::Int(id) => Watermark::Int(p.gaps.snapshot_mark(id)),
+            other => other,
+        }
     }
 
     /// Open gap ranges, for `/admin/filters`; `None` unless sync uses integer watermarks.
@@ -329,13 +343,6 @@ impl SyncPosition {
             self.mark = Some(to);
         }
         ahead
-    }
-
-    fn resume_at_most(&self, mark: Watermark) -> Watermark {
-        match mark {
-            Watermark::Int(id) => Watermark::Int(self.gaps.resume_from(id)),
-            other => other,
-        }
     }
 }
 

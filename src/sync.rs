@@ -122,7 +122,7 @@ fn start_point(gate: &Gate, mark: Watermark, sync: &SyncConfig) -> Watermark {
             let overlap = i64::try_from(sync.overlap.as_micros()).unwrap_or(i64::MAX);
             Watermark::TimeMicros(us.saturating_sub(overlap))
         }
-        Watermark::Int(_) => gate.resume_at_most(mark),
+        Watermark::Int(_) => gate.sync_poll_start(mark),
     }
 }
 

@@ -106,15 +106,14 @@ pub async fn build(
     Ok(())
 }
 
-/// The watermark a snapshot built from `start` records: for integer watermarks, the
-/// `overlap_ids` ids below it, which a live build opens as gaps (rows whose transactions
-/// were open during the scan), so the first poll after loading reads them.
+/// The watermark a snapshot built from `start` records: for integer watermarks, below
+/// the `overlap_ids` ids under it (rows whose transactions were open during the scan),
+/// as a live build's snapshot does, so the first poll after loading reads them.
 fn resume_point(start: Watermark, f: &FilterConfig) -> Watermark {
     match (start, &f.sync) {
         (Watermark::Int(id), Some(sync)) => {
-            let mut gaps = Gaps::new(sync.gap_timeout, sync.overlap_ids, 1);
-            gaps.open_below(id, Instant::now());
-            Watermark::Int(gaps.resume_from(id))
+            let gaps = Gaps::new(sync.gap_timeout, sync.overlap_ids, 1);
+            Watermark::Int(gaps.snapshot_mark(id))
         }
         _ => start,
     }

@@ -21,6 +21,11 @@ const POLLS: f64 = 5.0;
 
 /// A config whose filter syncs with `sync` (the body of `[filters.products.sync]`).
 fn config(db_url: &str, sync: &str) -> String {
+    config_with(db_url, "", sync)
+}
+
+/// As [`config`], with `filter` added to `[filters.products]`.
+fn config_with(db_url: &str, filter: &str, sync: &str) -> String {
     format!(
         r#"
 [admin]
@@ -33,6 +38,7 @@ negative_ttl = "1m"
 source_query = "SELECT sku_id FROM products"
 expected_items = 1000
 false_positive_rate = 0.0001
+{filter}
 [filters.products.sync]
 interval = "200ms"
 {sync}
@@ -323,6 +329,68 @@ async fn an_insert_left_open_during_a_rebuild_is_served_after_it_commits() {
         served_within_polls(&proxy, a).await,
         "A was still refused {POLLS} polls after its commit"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_from_a_snapshot_reads_the_open_gaps_again() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 100).await;
+    with_auto_increment_ids(&db).await;
+    let dir = std::env::temp_dir().join(format!("bloomgate-gaps-{:016x}", rand::random::<u64>()));
+    let snapshot = dir.join("products.snap");
+    let toml = config_with(
+        &db.url,
+        &format!("snapshot_path = \"{}\"", snapshot.display()),
+        &integer_sync("products", "overlap_ids = 0\ngap_timeout = \"10m\""),
+    );
+    let writes = format!("bloomgate_filter_snapshot_writes_total{{{FILTER},result=\"ok\"}}");
+    let (a, b) = (demo_absent_sku(1), demo_absent_sku(2));
+    let mut tx = db.admin.begin().await.expect("begin");
+    let id_a = insert(&mut *tx, a, None).await;
+    {
+        let first = TestProxy::spawn_ready(&toml).await;
+        let id_b = insert(&db.admin, b, None).await;
+        assert!(id_b > id_a, "ids {id_a} then {id_b}");
+        wait_for("A's id an open gap", Duration::from_secs(20), async || {
+            filter_status(&first).await["sync_open_gaps"].as_u64() >= Some(1)
+        })
+        .await;
+        assert!(served(&first, b).await);
+        // A's id is an open gap when the rebuild writes its snapshot.
+        let r = first
+            .admin_post(
+                "/admin/filters/products/rebuild",
+                Some("test-admin-token"),
+                "",
+            )
+            .await;
+        assert_eq!(r.status.as_u16(), 202);
+        wait_for(
+            "the rebuild's snapshot",
+            Duration::from_secs(30),
+            async || first.metric(&writes).await >= 2.0,
+        )
+        .await;
+    }
+
+    let warm = TestProxy::spawn_ready(&toml).await;
+    let status = filter_status(&warm).await;
+    assert_eq!(status["last_load"]["origin"], "snapshot", "{status}");
+    assert!(
+        int_field(&status, "sync_watermark") < id_a as i64,
+        "{status}"
+    );
+    assert!(served(&warm, b).await);
+    wait_for_polls(&warm, 1.0).await;
+    assert_eq!(warm.get(&path(a)).await.stage(), "intercepted");
+    assert!(open_gaps(&warm).await >= 1.0);
+
+    tx.commit().await.expect("commit A");
+    assert!(
+        served_within_polls(&warm, a).await,
+        "A was still refused {POLLS} polls after its commit"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Timestamp watermarks: A is stamped `delay` before B but commits after a poll has read

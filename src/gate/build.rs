@@ -205,7 +205,7 @@ impl Gate {
         self.publish_metrics();
         let (_, start_mark) = result?;
         // A restart resumes from the snapshot's mark: never above an open gap.
-        self.write_snapshot(start_mark.map(|m| self.resume_at_most(m)))
+        self.write_snapshot(start_mark.map(|m| self.sync_restart_mark(m)))
             .await;
         Ok(())
     }

@@ -80,6 +80,28 @@ impl Gaps {
         self.lowest().map_or(mark, |low| low.min(mark))
     }
 
+    /// The watermark to persist for a restart: `mark`, or the id just below the lowest
+    /// open gap when that is lower. A restart starts with no gaps and takes its watermark
+    /// as read up to there, so its first poll reads the gap's ids again (`>=`) and, for
+    /// those still missing, opens them again.
+    pub fn restart_mark(&self, mark: i64) -> i64 {
+        self.lowest()
+            .map_or(mark, |low| low.saturating_sub(1).min(mark))
+    }
+
+    /// The watermark a snapshot of a build that started at `start` records: the
+    /// [`restart_mark`](Gaps::restart_mark), and also below the `reach_back` window under
+    /// `start`. The build did not see rows in flight in that window, and a poll that has
+    /// read past them may not have recorded its gaps yet.
+    pub fn snapshot_mark(&self, start: i64) -> i64 {
+        let below_window = match i64::try_from(self.reach_back) {
+            Ok(0) => start,
+            Ok(n) => start.saturating_sub(n).saturating_sub(1),
+            Err(_) => i64::MIN,
+        };
+        self.restart_mark(start).min(below_window)
+    }
+
     /// Open ranges.
     pub fn len(&self) -> usize {
         self.open.len()
@@ -282,7 +304,9 @@ mod tests {
         assert_eq!(spans(&g), [(11, 11), (14, 16)]);
         assert_eq!(g.ids(), 4);
         assert_eq!(g.resume_from(17), 11);
+        assert_eq!(g.restart_mark(17), 10);
         assert_eq!(gaps().resume_from(17), 17);
+        assert_eq!(gaps().restart_mark(17), 17);
     }
 
     #[test]
@@ -391,6 +415,16 @@ mod tests {
         g.open_below(5_000, t);
         assert_eq!(spans(&g), [(4_000, 4_999)]);
         assert_eq!(g.resume_from(5_000), 4_000);
+        assert_eq!(g.restart_mark(5_000), 3_999);
+        assert_eq!(Gaps::new(MIN, 1000, 1).snapshot_mark(5_000), 3_999);
+        assert_eq!(Gaps::new(MIN, 0, 1).snapshot_mark(5_000), 5_000);
+        assert_eq!(Gaps::new(MIN, u64::MAX, 1).snapshot_mark(5_000), i64::MIN);
+        // A restart from that mark, with its first poll before the insert at 4_500
+        // commits, finds the same ids missing.
+        let mut restarted = Gaps::new(MIN, 1000, MAX_OPEN_RANGES);
+        let seen: Vec<i64> = (3_999..=5_000).filter(|&id| id != 4_500).collect();
+        restarted.record_poll(3_999, &seen, t, t);
+        assert_eq!(spans(&restarted), [(4_500, 4_500)]);
         // Ids that are already open keep their range and its age.
         let mut g = Gaps::new(MIN, 10, MAX_OPEN_RANGES);
         g.record_poll(0, &[3, 7], t, t);
@@ -457,31 +491,52 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
         /// A full build at `build_at` then polls at random intervals, each taking a random
-        /// time and reading what had committed at a random moment while it ran: every
-        /// committed id is read by the build or a poll, and every gap ends closed or
-        /// expired.
+        /// time and reading what had committed at a random moment while it ran, with a
+        /// restart from a mark saved earlier (as a snapshot is): every committed id is
+        /// read by the build or a poll, and every gap ends closed or expired.
         #[test]
         fn every_committed_id_is_eventually_read(
             ins in inserts(),
             build_at in 0u64..40,
             polls in vec((0u64..6, 0u64..4, 0u64..4), 400),
+            saved_at in 0usize..25,
+            restart_after in 0usize..8,
+            extra_reach in 0u64..3,
         ) {
             let t0 = Instant::now();
             let at = |s: u64| t0 + Duration::from_secs(s);
             let visible = |i: &Insert, s: u64| i.commit.is_some_and(|c| c <= s);
-            // Covers every id, so any insert open during the build is below the reach-back.
-            let reach_back = 3 * ins.len() as u64 + 3;
-            let mut g = Gaps::new(Duration::from_secs(TIMEOUT_S), reach_back, MAX_OPEN_RANGES);
             // The build: the start mark first, then a scan of what is visible.
             let mut mark = ins.iter().filter(|i| visible(i, build_at)).map(|i| i.id).max()
                 .unwrap_or(i64::MIN);
+            // Just enough to reach the lowest insert open during the build (the documented
+            // condition on overlap_ids); after an empty build, enough for every id.
+            let open_low = ins.iter().filter(|i| i.id < mark && !visible(i, build_at))
+                .map(|i| i.id).min();
+            let reach_back = match open_low {
+                _ if mark == i64::MIN => 3 * ins.len() as u64 + 3,
+                Some(low) => (mark - low) as u64 + extra_reach,
+                None => extra_reach,
+            };
+            let mut g = Gaps::new(Duration::from_secs(TIMEOUT_S), reach_back, MAX_OPEN_RANGES);
             let mut read: BTreeSet<i64> =
                 ins.iter().filter(|i| visible(i, build_at)).map(|i| i.id).collect();
             g.open_below(mark, at(build_at));
             let last_commit = ins.iter().filter_map(|i| i.commit).max().unwrap_or(0);
             let mut clock = build_at;
-            for (wait, took, snapshot) in polls {
+            let (mut saved, mut restarted_at) = (mark, 0);
+            for (n, (wait, took, snapshot)) in polls.into_iter().enumerate() {
+                if n == saved_at {
+                    saved = g.restart_mark(mark);
+                }
+                if n == saved_at + restart_after {
+                    g = Gaps::new(Duration::from_secs(TIMEOUT_S), reach_back, MAX_OPEN_RANGES);
+                    mark = saved;
+                    restarted_at = clock;
+                }
                 let started = clock + wait;
                 let finished = started + took;
                 let sees = started + snapshot.min(took);
@@ -496,7 +551,7 @@ mod tests {
                 mark = mark.max(seen.last().copied().unwrap_or(i64::MIN));
                 clock = finished;
             }
-            prop_assume!(clock > last_commit.max(build_at) + 3 * TIMEOUT_S);
+            prop_assume!(clock > last_commit.max(build_at).max(restarted_at) + 3 * TIMEOUT_S);
             for i in ins.iter().filter(|i| i.commit.is_some()) {
                 prop_assert!(read.contains(&i.id), "id {} committed at {:?} never read", i.id, i.commit);
             }
