@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::gate::Gate;
 use crate::key::normalize;
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use crate::proxy::{Forget, Proxy};
 use crate::server::Handler;
 
 /// Largest admin request body (key uploads).
@@ -152,6 +152,7 @@ impl Admin {
                     "fill_ratio": stats.map(|s| s.fill_ratio),
                     "estimated_false_positive_rate": stats.map(|s| s.estimated_fpp),
                     "last_load": g.load_status(),
+                    "unconfirmed_keys": g.unconfirmed_keys(),
                     "sync_watermark": g.watermark().map(|w| w.to_string()),
                     "sync_resume_from": crate::sync::next_start(g).map(|w| w.to_string()),
                     "sync_open_gaps": g.sync_open_gaps(),
@@ -190,27 +191,19 @@ impl Admin {
             Ok(keys) => keys,
             Err(refusal) => return refusal.into_response(),
         };
-        let mut added = 0u64;
-        let mut pending = 0u64;
+        let mut keys = Vec::with_capacity(raw.len());
         let mut invalid = Vec::new();
         let rule = gate.normalize_rule().clone();
         for raw_key in &raw {
             match normalize(&rule, Cow::Borrowed(raw_key.as_str())) {
-                Ok(key) => {
-                    // Before the first load there is no filter to add to: the load reads
-                    // the key from the source, if it is there.
-                    if gate.add_key(&key) {
-                        added += 1;
-                    } else {
-                        pending += 1;
-                    }
-                    self.proxy
-                        .invalidate(Some(gate.name()), &key.to_owned_key())
-                        .await;
-                }
+                Ok(key) => keys.push(key.to_owned_key()),
                 Err(e) => invalid.push(json!({"key": raw_key, "error": e.code()})),
             }
         }
+        // Before the first load there is no filter to add to: the keys are kept and go
+        // into the first filter swapped in, whatever its source holds.
+        let added = self.proxy.admit(gate, &keys, Forget::Everything).await as u64;
+        let pending = keys.len() as u64 - added;
         tracing::info!(
             filter = gate.name(),
             added,

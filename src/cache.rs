@@ -95,6 +95,16 @@ pub enum Lookup {
     Miss,
 }
 
+/// How a load stores "not found".
+#[derive(Clone, Copy)]
+pub struct Negative<'a> {
+    /// How long the negative entry lives.
+    pub ttl: Duration,
+    /// Checked after the entry is stored: false when the key was admitted since the
+    /// lookup began, and the entry must go (see `gate::Gate::fence`).
+    pub still_absent: &'a (dyn Fn() -> bool + Sync),
+}
+
 /// The result of a coalesced load.
 pub enum Loaded {
     /// Found; `leader` is true for the one request whose origin call produced it.
@@ -200,7 +210,7 @@ impl ResponseCache {
     /// requests (their answers are not this request's), stored only when the answer
     /// allows reuse for credentialed requests (RFC 9111 §3.5). "Not found" is stored as
     /// a negative entry like any other: absence does not depend on who asks.
-    pub async fn load_private<F>(&self, key: CacheKey, negative_ttl: Duration, fetch: F) -> Loaded
+    pub async fn load_private<F>(&self, key: CacheKey, negative: Negative<'_>, fetch: F) -> Loaded
     where
         F: Future<Output = Result<Fetched, OriginError>>,
     {
@@ -215,8 +225,7 @@ impl ResponseCache {
                 }
             }
             Ok(Fetched::NotFound) => {
-                self.negative
-                    .insert(key.absence().into_owned(), negative_ttl)
+                self.store_absence(key.absence().into_owned(), &negative)
                     .await;
                 Loaded::NotFound { leader: true }
             }
@@ -229,14 +238,15 @@ impl ResponseCache {
 
     /// Loads a missing key through `fetch`, coalescing concurrent callers for the same key
     /// into one call. A found answer becomes a positive entry; "not found" becomes a
-    /// negative entry that lives `negative_ttl`; an error caches nothing.
+    /// negative entry that lives `negative.ttl`, unless the key was admitted meanwhile;
+    /// an error caches nothing.
     ///
     /// Two orderings keep a repeated absent key at one origin call. The negative entry is
     /// stored inside the shared load, before the callers waiting on it are released, so a
     /// request arriving just after them finds it. And a new load first looks for a
     /// negative entry again: a caller whose own `lookup` missed may reach this point only
     /// after another caller's load has finished and stored one.
-    pub async fn load<F>(&self, key: CacheKey, negative_ttl: Duration, fetch: F) -> Loaded
+    pub async fn load<F>(&self, key: CacheKey, negative: Negative<'_>, fetch: F) -> Loaded
     where
         F: Future<Output = Result<Fetched, OriginError>>,
     {
@@ -253,9 +263,7 @@ impl ResponseCache {
                     Fetched::Found(response) if response.ttl.is_some() => Ok(response),
                     Fetched::Found(response) => Err(LoadMiss::Unstored(response)),
                     Fetched::NotFound => {
-                        self.negative
-                            .insert(absence.into_owned(), negative_ttl)
-                            .await;
+                        self.store_absence(absence.into_owned(), &negative).await;
                         Err(LoadMiss::NotFound)
                     }
                 }
@@ -275,6 +283,18 @@ impl ResponseCache {
                     leader,
                 },
             },
+        }
+    }
+
+    /// Stores a negative entry, then drops it again if the key was admitted since its
+    /// lookup began. Checking after the insert closes the race with an admission: one
+    /// that came before the check is seen by it, and one that comes after it drops the
+    /// entry itself (admissions move the fence before they drop negative entries).
+    async fn store_absence(&self, key: CacheKey, negative: &Negative<'_>) {
+        self.negative.insert(key.clone(), negative.ttl).await;
+        if !(negative.still_absent)() {
+            self.negative.invalidate(&key).await;
+            tracing::debug!(key = %key.key, "the key was admitted during its lookup; negative entry dropped");
         }
     }
 
@@ -342,6 +362,14 @@ mod tests {
         }
     }
 
+    /// Negative entries that nothing fences.
+    fn kept(ttl: Duration) -> Negative<'static> {
+        Negative {
+            ttl,
+            still_absent: &|| true,
+        }
+    }
+
     /// An origin that knows no key, counting its calls; each call takes `delay`.
     async fn absent(calls: &AtomicU64, delay: Duration) -> Result<Fetched, OriginError> {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -357,11 +385,11 @@ mod tests {
         let calls = AtomicU64::new(0);
         let ttl = Duration::from_secs(30);
         let first = cache
-            .load(key(7), ttl, absent(&calls, Duration::ZERO))
+            .load(key(7), kept(ttl), absent(&calls, Duration::ZERO))
             .await;
         assert!(matches!(first, Loaded::NotFound { leader: true }));
         let second = cache
-            .load(key(7), ttl, absent(&calls, Duration::ZERO))
+            .load(key(7), kept(ttl), absent(&calls, Duration::ZERO))
             .await;
         assert!(matches!(second, Loaded::NotFound { leader: false }));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -385,7 +413,7 @@ mod tests {
                     Lookup::Hit(_) => panic!("a positive entry for an absent key"),
                     Lookup::Miss => {
                         let loaded = cache
-                            .load(key(9), Duration::from_secs(30), async {
+                            .load(key(9), kept(Duration::from_secs(30)), async {
                                 absent(&calls, Duration::from_millis(3)).await
                             })
                             .await;
@@ -403,12 +431,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_negative_entry_fenced_off_during_its_lookup_is_not_kept() {
+        // The key is admitted while the origin is answering "not found": that answer may
+        // predate the key's row, so neither load keeps it.
+        let cache = cache();
+        for private in [false, true] {
+            let admitted = AtomicBool::new(false);
+            let still_absent = || !admitted.load(Ordering::SeqCst);
+            let negative = Negative {
+                ttl: Duration::from_secs(30),
+                still_absent: &still_absent,
+            };
+            let fetch = async {
+                admitted.store(true, Ordering::SeqCst);
+                Ok(Fetched::NotFound)
+            };
+            let loaded = if private {
+                cache.load_private(key(5), negative, fetch).await
+            } else {
+                cache.load(key(5), negative, fetch).await
+            };
+            assert!(matches!(loaded, Loaded::NotFound { leader: true }));
+            assert!(matches!(cache.lookup(&key(5)).await, Lookup::Miss));
+        }
+        // Unfenced, the same answer is kept.
+        let loaded = cache
+            .load(key(5), kept(Duration::from_secs(30)), async {
+                Ok(Fetched::NotFound)
+            })
+            .await;
+        assert!(matches!(loaded, Loaded::NotFound { leader: true }));
+        assert!(matches!(cache.lookup(&key(5)).await, Lookup::NegativeHit));
+    }
+
+    #[tokio::test]
     async fn errors_are_not_cached() {
         let cache = cache();
         let calls = AtomicU64::new(0);
         for _ in 0..2 {
             let loaded = cache
-                .load(key(3), Duration::from_secs(30), async {
+                .load(key(3), kept(Duration::from_secs(30)), async {
                     calls.fetch_add(1, Ordering::SeqCst);
                     Err(OriginError::Timeout(Duration::from_millis(1)))
                 })

@@ -1,10 +1,19 @@
 //! The gate: the live Bloom filter of one named filter behind an `ArcSwapOption`, its
-//! verdict for a key, readiness, capacity tracking, and the sync watermark. Checking a
-//! key takes no lock and allocates nothing. Loading, rebuilding and snapshots live in
-//! `gate::build`; the gate does not answer requests.
+//! verdict for a key, readiness, capacity tracking, the sync watermark, and admissions:
+//! keys that become present between builds. Checking a key takes no lock and allocates
+//! nothing. Loading, rebuilding and snapshots live in `gate::build`; the gate does not
+//! answer requests.
+//!
+//! Admissions are kept until a build's source scan lists them ([`Admissions`]), so that
+//! no filter swapped in can lack a key admitted before or during its build, whatever the
+//! source returns (a lagging replica, a key the source does not hold). Each admission
+//! also moves a counter of its key's stripe, which the origin lookup reads before it
+//! asks and checks after it stored a negative entry ([`Fence`]).
 
 mod build;
 
+use std::collections::HashSet;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -83,6 +92,27 @@ impl RebuildReason {
     }
 }
 
+/// The steps of a full build, in order, as a build hook sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildPhase {
+    /// The build has begun: it reads the sync start mark and counts the source next.
+    Sizing,
+    /// The new filter is allocated; the source scan is next.
+    Scanning,
+    /// The scan is done; the admitted keys are replayed and the filter swapped in next.
+    Swapping,
+    /// The new filter serves.
+    Swapped,
+}
+
+/// Called at each [`BuildPhase`] of every full build, and awaited before the build goes
+/// on: a way to watch a build, or to hold it at one step.
+pub type BuildHook = Arc<
+    dyn Fn(BuildPhase) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// One named filter and its lifecycle.
 pub struct Gate {
     name: Arc<str>,
@@ -90,12 +120,14 @@ pub struct Gate {
     source_query: Arc<str>,
     /// The filter that answers [`Gate::check`]; `None` until the first load completes.
     live: ArcSwapOption<BloomFilter>,
-    /// The filter being built, so keys added during a rebuild reach it as well.
-    building: ArcSwapOption<BloomFilter>,
-    /// Serialises key additions against the start and the swap of a build (never taken
-    /// by `check`): without it a key added between "read live" and "swap" could miss the
-    /// new filter.
-    writers: Mutex<()>,
+    /// Admitted keys that no build has confirmed yet. Its lock serialises admissions
+    /// against the swap of a build (never taken by `check`): a key is either admitted
+    /// before the swap, and replayed into the new filter, or after it, into the new one.
+    admissions: Mutex<Admissions>,
+    /// Admission counters by key stripe, for [`Gate::fence`].
+    stripes: Box<[AtomicU64]>,
+    /// Keyed randomly at start: which keys share a stripe is not predictable.
+    stripe_hasher: std::collections::hash_map::RandomState,
     /// Capacity the next build is sized for; grows when items outrun it.
     target_capacity: AtomicU64,
     /// A capacity rebuild has been asked for and not started yet.
@@ -108,6 +140,8 @@ pub struct Gate {
     rebuild_reason: Mutex<RebuildReason>,
     /// How far incremental sync has read, and what it skipped over.
     watermark: Mutex<SyncPosition>,
+    /// See [`Gate::set_build_hook`].
+    build_hook: Mutex<Option<BuildHook>>,
     status: Mutex<LoadStatus>,
     metrics: FilterMetrics,
 }
@@ -124,13 +158,15 @@ impl Gate {
             config,
             source_query,
             live: ArcSwapOption::empty(),
-            building: ArcSwapOption::empty(),
-            writers: Mutex::new(()),
+            admissions: Mutex::new(Admissions::default()),
+            stripes: (0..FENCE_STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            stripe_hasher: std::collections::hash_map::RandomState::new(),
             capacity_rebuild_pending: AtomicBool::new(false),
             capacity_warned: AtomicBool::new(false),
             rebuild: Notify::new(),
             rebuild_reason: Mutex::new(RebuildReason::Requested),
             watermark: Mutex::new(position),
+            build_hook: Mutex::new(None),
             status: Mutex::new(LoadStatus {
                 result: "never",
                 ..LoadStatus::default()
@@ -168,16 +204,18 @@ impl Gate {
         self.live.load().is_some()
     }
 
-    /// Adds a key to the live filter and to one being built. Returns false if no filter
-    /// is loaded yet (the load in progress reads the key from the source instead).
+    /// Admits a key: it is present from now on. Adds it to the live filter, keeps it
+    /// until a build's source lists it (so the next swap cannot lose it), and moves its
+    /// fence stripe. Returns false if no filter is loaded yet; the key is then added when
+    /// the first one is. Callers drop the key's negative cache entries afterwards (the
+    /// order the fence relies on: filter, stripe, cache).
     pub fn add_key(&self, key: &NormKey<'_>) -> bool {
         let mut bytes = KeyBytes::new();
         let bytes = bytes.of(key);
         let added = {
-            let _guard = lock(&self.writers);
-            if let Some(b) = self.building.load().as_deref() {
-                b.insert(bytes);
-            }
+            let mut admissions = lock(&self.admissions);
+            admissions.record(bytes);
+            self.metrics.set_unconfirmed(admissions.len());
             match self.live.load().as_deref() {
                 Some(f) => {
                     f.insert(bytes);
@@ -186,10 +224,33 @@ impl Gate {
                 None => false,
             }
         };
+        self.stripe(bytes).fetch_add(1, Ordering::SeqCst);
         if added {
             self.watch_capacity();
         }
         added
+    }
+
+    /// A fence for a negative entry of `key`: taken before the origin is asked, it tells
+    /// afterwards whether the key was admitted in between (so a "not found" read just
+    /// before the key's row was committed is not kept).
+    pub fn fence(&self, key: &NormKey<'_>) -> Fence<'_> {
+        let mut bytes = KeyBytes::new();
+        let cell = self.stripe(bytes.of(key));
+        Fence {
+            cell,
+            seen: cell.load(Ordering::SeqCst),
+        }
+    }
+
+    fn stripe(&self, bytes: &[u8]) -> &AtomicU64 {
+        let i = self.stripe_hasher.hash_one(bytes) as usize & (FENCE_STRIPES - 1);
+        &self.stripes[i]
+    }
+
+    /// How many admitted keys no build has confirmed yet.
+    pub fn unconfirmed_keys(&self) -> usize {
+        lock(&self.admissions).len()
     }
 
     /// Logs once per crossing of the warning threshold, and asks for a larger rebuild
@@ -215,6 +276,11 @@ impl Gate {
             self.metrics.capacity_rebuild();
             self.request_rebuild(RebuildReason::Capacity);
         }
+    }
+
+    /// Sets the hook that every full build awaits at each of its phases.
+    pub fn set_build_hook(&self, hook: Option<BuildHook>) {
+        *lock(&self.build_hook) = hook;
     }
 
     /// Asks the loader for a full rebuild; the current filter keeps serving meanwhile.
@@ -343,6 +409,64 @@ impl SyncPosition {
             self.mark = Some(to);
         }
         ahead
+    }
+}
+
+/// Stripes of admission counters per gate (a power of two). Two keys share a stripe with
+/// probability 1/1024, and then an admission of one only costs the other a negative
+/// entry that is not kept.
+const FENCE_STRIPES: usize = 1024;
+
+/// Proof that no key of a stripe was admitted since it was taken; see [`Gate::fence`].
+pub struct Fence<'g> {
+    cell: &'g AtomicU64,
+    seen: u64,
+}
+
+impl Fence<'_> {
+    /// True while no key of this stripe has been admitted since the fence was taken.
+    pub fn holds(&self) -> bool {
+        self.cell.load(Ordering::SeqCst) == self.seen
+    }
+}
+
+/// Keys admitted since start-up that no completed build has read from its source, as
+/// canonical key bytes. Every swap replays them into the new filter; a build removes the
+/// ones its scan listed. What stays is what the source does not hold (yet): those keys
+/// are carried from build to build.
+#[derive(Default)]
+struct Admissions {
+    keys: HashSet<Box<[u8]>>,
+}
+
+impl Admissions {
+    fn record(&mut self, bytes: &[u8]) {
+        if !self.keys.contains(bytes) {
+            self.keys.insert(bytes.into());
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Inserts every kept key into `filter`.
+    fn replay(&self, filter: &BloomFilter) {
+        for k in &self.keys {
+            filter.insert(k);
+        }
+    }
+
+    /// A copy of the keys, for a build to look for in its source.
+    fn snapshot(&self) -> HashSet<Box<[u8]>> {
+        self.keys.clone()
+    }
+
+    /// Forgets the keys a build's source listed.
+    fn confirm(&mut self, listed: &HashSet<Box<[u8]>>) {
+        if !listed.is_empty() {
+            self.keys.retain(|k| !listed.contains(k));
+        }
     }
 }
 

@@ -44,6 +44,7 @@ pub struct Metrics {
     snapshot_loads: IntCounterVec,
     snapshot_writes: IntCounterVec,
     sync_lag: GaugeVec,
+    unconfirmed_keys: IntGaugeVec,
     sync_keys: IntCounterVec,
     sync_polls: IntCounterVec,
     sync_open_gaps: IntGaugeVec,
@@ -112,6 +113,7 @@ pub struct FilterMetrics {
     snapshot_writes_ok: IntCounter,
     snapshot_writes_failed: IntCounter,
     sync_lag: Gauge,
+    unconfirmed_keys: IntGauge,
     sync_keys: IntCounter,
     sync_polls_ok: IntCounter,
     sync_polls_failed: IntCounter,
@@ -187,6 +189,11 @@ impl FilterMetrics {
         } else {
             self.sync_polls_failed.inc();
         }
+    }
+
+    /// Admitted keys that no build's source has listed yet.
+    pub fn set_unconfirmed(&self, keys: usize) {
+        self.unconfirmed_keys.set(clamp_i64(keys as u64));
     }
 
     /// Freshness lag: now minus the newest change applied, in seconds.
@@ -352,6 +359,13 @@ impl Metrics {
             ),
             &["filter", "result"],
         )?;
+        let unconfirmed_keys = IntGaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_unconfirmed_keys",
+                "Admitted keys (sync, write-through, admin API) that no full build has read from its source yet; every build adds them again.",
+            ),
+            &["filter"],
+        )?;
         let sync_lag = GaugeVec::new(
             Opts::new(
                 "bloomgate_filter_sync_lag_seconds",
@@ -462,6 +476,7 @@ impl Metrics {
         registry.register(Box::new(snapshot_loads.clone()))?;
         registry.register(Box::new(snapshot_writes.clone()))?;
         registry.register(Box::new(sync_lag.clone()))?;
+        registry.register(Box::new(unconfirmed_keys.clone()))?;
         registry.register(Box::new(sync_keys.clone()))?;
         registry.register(Box::new(sync_polls.clone()))?;
         registry.register(Box::new(sync_open_gaps.clone()))?;
@@ -501,6 +516,7 @@ impl Metrics {
             snapshot_loads,
             snapshot_writes,
             sync_lag,
+            unconfirmed_keys,
             sync_keys,
             sync_polls,
             sync_open_gaps,
@@ -575,6 +591,7 @@ impl Metrics {
             snapshot_writes_ok: self.snapshot_writes.with_label_values(&[filter, "ok"]),
             snapshot_writes_failed: self.snapshot_writes.with_label_values(&[filter, "error"]),
             sync_lag: self.sync_lag.with_label_values(&[filter]),
+            unconfirmed_keys: self.unconfirmed_keys.with_label_values(&[filter]),
             sync_keys: self.sync_keys.with_label_values(&[filter]),
             sync_polls_ok: self.sync_polls.with_label_values(&[filter, "ok"]),
             sync_polls_failed: self.sync_polls.with_label_values(&[filter, "error"]),

@@ -17,12 +17,15 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::budget::{Allowance, Budget};
-use crate::cache::{CacheKey, CachedResponse, Loaded, Lookup, ResponseCache, Validators, Variant};
+use crate::cache::{
+    CacheKey, CachedResponse, Loaded, Lookup, Negative, ResponseCache, Validators, Variant,
+};
 use crate::client::{Cidrs, client_ip};
 use crate::config::{KeySource, Normalize, OutcomeHeaderPolicy, RouteMode};
 use crate::error::ProxyError;
 use crate::gate::{Gate, Verdict};
 use crate::http_cache;
+use crate::key::OwnedKey;
 use crate::key::{KeyBytes, KeyError, normalize};
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
 use crate::origin::Origin;
@@ -377,14 +380,19 @@ impl Proxy {
             }
             fetched
         };
+        // Taken before the origin is asked: an admission of this key from here on means a
+        // "not found" may predate the key's row, and must not be kept.
+        let fence = route.gate.fence(&key);
+        let negative = Negative {
+            ttl: route.negative_ttl,
+            still_absent: &|| fence.holds(),
+        };
         let loaded = if credentials {
             self.cache
-                .load_private(cache_key.clone(), route.negative_ttl, fetch)
+                .load_private(cache_key.clone(), negative, fetch)
                 .await
         } else {
-            self.cache
-                .load(cache_key.clone(), route.negative_ttl, fetch)
-                .await
+            self.cache.load(cache_key.clone(), negative, fetch).await
         };
         match loaded {
             Loaded::Found { response, leader } => {
@@ -427,12 +435,26 @@ impl Proxy {
         }
     }
 
-    /// Drops negative entries for a key on every route gated by `filter` (a key that
-    /// was just created must not keep answering 404).
-    pub async fn invalidate_negative(&self, filter: &str, key: &crate::key::OwnedKey) {
-        for r in self.routes.iter().filter(|r| r.gate.name() == filter) {
-            self.cache.invalidate_negative(r.id, key).await;
+    /// Admits `keys` into `gate`: the one way a key becomes present between builds, for
+    /// sync, write-through and the admin API alike. For each key, in this order: the
+    /// filter (the live one, and the next one at its swap, see [`Gate::add_key`]), the
+    /// key's fence stripe, then its cache entries on every route the gate guards, so that
+    /// no negative entry outlives the admission (see [`Gate::fence`]). Returns how many
+    /// keys went into a loaded filter; the others are added when the first load is.
+    pub async fn admit(&self, gate: &Gate, keys: &[OwnedKey], forget: Forget) -> usize {
+        let mut loaded = 0;
+        for key in keys {
+            loaded += usize::from(gate.add_key(&key.as_norm()));
         }
+        for r in self.routes.iter().filter(|r| r.gate.name() == gate.name()) {
+            for key in keys {
+                match forget {
+                    Forget::Absence => self.cache.invalidate_negative(r.id, key).await,
+                    Forget::Everything => self.cache.invalidate(r.id, key).await,
+                }
+            }
+        }
+        loaded
     }
 
     /// The gate named `filter`, if a route uses it.
@@ -457,6 +479,16 @@ impl Proxy {
     pub fn cache(&self) -> &ResponseCache {
         &self.cache
     }
+}
+
+/// What an admission drops from the response cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forget {
+    /// The key's negative entries: it exists now (sync, write-through).
+    Absence,
+    /// Every entry of the key, positive ones too (the admin API: the operator says the
+    /// key's data is new).
+    Everything,
 }
 
 fn not_found() -> Response<ProxyBody> {

@@ -1,8 +1,8 @@
 //! Incremental sync: polls each filter's sync query every `interval` for keys changed
 //! since the watermark (timestamps reach back by the overlap; integer ids start from the
-//! lowest open gap, see `sync::gaps`), adds them to the live filter (and to one being
-//! built), and drops negative cache entries for them so a key created after it was a
-//! false positive is served at once. It does not rebuild (see `gate::build`).
+//! lowest open gap, see `sync::gaps`) and admits them (`Proxy::admit`: the filter, the
+//! next filter a build swaps in, and the negative cache entries), so a key created after
+//! it was a false positive is served at once. It does not rebuild (see `gate::build`).
 
 pub mod gaps;
 
@@ -16,7 +16,7 @@ use crate::config::SyncConfig;
 use crate::db::Db;
 use crate::gate::{Gate, unix_now};
 use crate::key::{OwnedKey, normalize};
-use crate::proxy::Proxy;
+use crate::proxy::{Forget, Proxy};
 use crate::watermark::Watermark;
 
 /// Runs the sync loop of `gate` until aborted; returns at once if it has no sync.
@@ -60,10 +60,7 @@ pub async fn poll_once(
     let result = db
         .for_each_change(query, sync.watermark, since, |raw, w| {
             match normalize(&rule, Cow::Borrowed(raw)) {
-                Ok(key) => {
-                    gate.add_key(&key);
-                    added.push(key.to_owned_key());
-                }
+                Ok(key) => added.push(key.to_owned_key()),
                 Err(_) => bad += 1,
             }
             if let Some(w) = w {
@@ -76,9 +73,7 @@ pub async fn poll_once(
         .await;
     match result {
         Ok(rows) => {
-            for key in &added {
-                proxy.invalidate_negative(gate.name(), key).await;
-            }
+            proxy.admit(gate, &added, Forget::Absence).await;
             if let Some(w) = newest {
                 gate.advance_watermark(w);
             }

@@ -84,8 +84,15 @@ pub async fn build(
         );
         bar.set_message(format!("filter {name}"));
         let started = Instant::now();
-        let (rows, skipped) =
-            fill(&db, &source, &f.normalize, &bloom, |n| bar.set_position(n)).await?;
+        let (rows, skipped) = fill(
+            &db,
+            &source,
+            &f.normalize,
+            &bloom,
+            |n| bar.set_position(n),
+            |_| {},
+        )
+        .await?;
         bar.finish();
         let took = started.elapsed();
         let info = snapshot::write(&path, &bloom, mark)

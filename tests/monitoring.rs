@@ -33,6 +33,10 @@ const TINY: u64 = 50;
 /// Keys added to `tiny` through the admin API once its source is gone: the filter is
 /// then sixty times over capacity and lets nearly every absent key through.
 const TINY_FLOOD: u64 = 3_000;
+/// False positives each client may push to the origin per minute.
+const BUDGET: u32 = 20;
+/// The client that hunts for false positives (see `drive`).
+const HUNTER: &str = "198.51.100.7";
 
 fn repo(path: &str) -> PathBuf {
     Path::new(REPO).join(path)
@@ -187,6 +191,7 @@ fn the_dashboard_is_well_formed() {
         "bloomgate_filter_last_build_timestamp_seconds",
         "bloomgate_filter_sync_lag_seconds",
         "outcome=\"fail_open\"",
+        "outcome=\"throttled\"",
     ] {
         assert!(
             exprs.iter().any(|e| e.contains(metric)),
@@ -643,6 +648,11 @@ url = "http://{dead_upstream}"
 timeout = "1s"
 [cache]
 negative_ttl = "2s"
+[server]
+trusted_proxies = ["127.0.0.1/32"]
+[false_positive_budget]
+per_client = {BUDGET}
+window = "1m"
 
 {filters}
 {routes}
@@ -652,10 +662,17 @@ negative_ttl = "2s"
 }
 
 /// Requests of every outcome on every route, until `stop`.
+///
+/// Each round comes from a client address of its own (reported by the trusted loopback
+/// peer in `X-Forwarded-For`), so that no ordinary client reaches the false-positive
+/// budget; one hunter, always from the same address, asks `tiny` for a new absent key
+/// every round and is throttled once it has used up its budget.
 async fn drive(proxy: Arc<TestProxy>, stop: Arc<AtomicBool>) -> BTreeMap<String, u64> {
     let mut seen: BTreeMap<String, u64> = BTreeMap::new();
     let mut round = 0u64;
     while !stop.load(Ordering::Relaxed) {
+        let client = std::net::Ipv4Addr::from(0x0a00_0000 | (round as u32 & 0x00ff_ffff));
+        let client = client.to_string();
         let present = demo_sku(round % PRODUCTS);
         let absent = demo_absent_sku(round % 20_000);
         let paths = [
@@ -677,8 +694,13 @@ async fn drive(proxy: Arc<TestProxy>, stop: Arc<AtomicBool>) -> BTreeMap<String,
             // not a guarded route: passed through to the (dead) upstream.
             "/elsewhere".to_owned(),
         ];
-        for path in paths {
-            let reply = proxy.get(&path).await;
+        let hunt = format!("/api/tiny/{}", demo_absent_sku(1_000_000 + round));
+        let requests = paths
+            .iter()
+            .map(|p| (p.as_str(), client.as_str()))
+            .chain([(hunt.as_str(), HUNTER)]);
+        for (path, from) in requests {
+            let reply = proxy.get_with(path, &[("x-forwarded-for", from)]).await;
             let stage = reply.stage().to_owned();
             *seen
                 .entry(format!("{stage} {}", reply.status.as_u16()))
@@ -796,7 +818,7 @@ async fn prometheus_evaluates_every_panel_and_rule_and_the_alerts_fire() {
             .map(|(name, expr)| (format!("rule {name}"), expr)),
     );
     let alerts = alert_names(&rules);
-    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    assert_eq!(alerts.len(), 8, "{alerts:?}");
 
     // Poll until every expression has data and every alert fires. The sync-lag alert is
     // the slowest: it needs 30 s without a successful poll.
@@ -880,6 +902,7 @@ async fn prometheus_evaluates_every_panel_and_rule_and_the_alerts_fire() {
     only("BloomgateSyncLagging", &["stale"]);
     only("BloomgateFailingOpen", &["broken"]);
     only("BloomgateOriginErrors", &["dead"]);
+    only("BloomgateClientsThrottled", &["tiny"]);
 
     // The recorded rates carry the numbers the alerts compare.
     let value = |v: &Value| -> f64 {

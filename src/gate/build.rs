@@ -4,6 +4,7 @@
 //! backoff and rebuilds on schedule, on request and on capacity. Serving is not here.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rand::TryRngCore;
 
-use super::{Gate, LoadStatus, RebuildReason, lock, unix_now};
+use super::{BuildPhase, Gate, LoadStatus, RebuildReason, lock, unix_now};
 use crate::config::{FilterConfig, Normalize, WatermarkKind};
 use crate::db::Db;
 use crate::filter::snapshot;
@@ -128,7 +129,9 @@ impl Gate {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         {
-            let _guard = lock(&self.writers);
+            // Keys admitted before the snapshot was read are not in it.
+            let admissions = lock(&self.admissions);
+            admissions.replay(&snap.filter);
             self.live.store(Some(Arc::new(snap.filter)));
         }
         if let Some(w) = snap.watermark {
@@ -212,6 +215,11 @@ impl Gate {
 
     /// Returns ((rows, skipped), the watermark sync may resume from).
     async fn build_inner(&self, db: &Db) -> Result<((u64, u64), Option<Watermark>), LoadError> {
+        // The keys admitted so far that no build has confirmed: the scan looks for them.
+        // Keys admitted from here on are replayed at the swap like these, and confirmed by
+        // a later build.
+        let wanted = lock(&self.admissions).snapshot();
+        self.phase(BuildPhase::Sizing).await;
         // Read the resume point before the source, so no row falls between the two.
         let start_mark = self.start_watermark(db).await?;
         let mut capacity = self.target_capacity.load(Ordering::Acquire);
@@ -231,35 +239,46 @@ impl Gate {
         let params = BloomParams::optimal(capacity, self.config.false_positive_rate)?;
         let seed = secret_seed()?;
         let filter = Arc::new(BloomFilter::new(params, seed));
-        {
-            let _guard = lock(&self.writers);
-            self.building.store(Some(Arc::clone(&filter)));
-        }
+        self.phase(BuildPhase::Scanning).await;
+        let mut listed = HashSet::new();
         let rows = fill(
             db,
             &self.source_query,
             &self.config.normalize,
             &filter,
             |_| {},
+            |bytes| {
+                if !wanted.is_empty() && wanted.contains(bytes) {
+                    listed.insert(Box::from(bytes));
+                }
+            },
         )
         .await;
-        let _guard = lock(&self.writers);
-        match rows {
-            Ok((rows, skipped)) => {
-                // Swap first, then stop mirroring: a key added in between lands in both.
-                self.live.store(Some(filter));
-                self.building.store(None);
-                self.capacity_warned.store(false, Ordering::Relaxed);
-                if let Some(m) = start_mark {
-                    self.start_sync_at(m);
-                }
-                self.metrics.set_ready(true);
-                Ok(((rows, skipped), start_mark))
-            }
-            Err(e) => {
-                self.building.store(None);
-                Err(e)
-            }
+        let (rows, skipped) = rows?;
+        self.phase(BuildPhase::Swapping).await;
+        {
+            let mut admissions = lock(&self.admissions);
+            // Every admitted key goes in before the swap, under the lock that admissions
+            // take: none can fall between the replay and the swap.
+            admissions.replay(&filter);
+            admissions.confirm(&listed);
+            self.metrics.set_unconfirmed(admissions.len());
+            self.live.store(Some(filter));
+        }
+        self.capacity_warned.store(false, Ordering::Relaxed);
+        if let Some(m) = start_mark {
+            self.start_sync_at(m);
+        }
+        self.metrics.set_ready(true);
+        self.phase(BuildPhase::Swapped).await;
+        Ok(((rows, skipped), start_mark))
+    }
+
+    /// Waits for the build hook, if one is set.
+    async fn phase(&self, phase: BuildPhase) {
+        let hook = lock(&self.build_hook).clone();
+        if let Some(hook) = hook {
+            hook(phase).await;
         }
     }
 
@@ -316,13 +335,15 @@ pub async fn start_watermark(
 }
 
 /// Streams `source` into `filter`, normalising each key with `rule`; `progress` is called
-/// every 65,536 rows with the rows read so far. Returns (rows, keys skipped).
+/// every 65,536 rows with the rows read so far, and `listed` with each key's canonical
+/// bytes. Returns (rows, keys skipped).
 pub async fn fill(
     db: &Db,
     source: &Arc<str>,
     rule: &Normalize,
     filter: &BloomFilter,
     mut progress: impl FnMut(u64),
+    mut listed: impl FnMut(&[u8]),
 ) -> Result<(u64, u64), LoadError> {
     let mut bytes = KeyBytes::new();
     let mut skipped = 0u64;
@@ -331,7 +352,9 @@ pub async fn fill(
         .for_each_key(source, |raw| {
             match normalize(rule, Cow::Borrowed(raw)) {
                 Ok(key) => {
-                    filter.insert(bytes.of(&key));
+                    let b = bytes.of(&key);
+                    filter.insert(b);
+                    listed(b);
                 }
                 Err(_) => skipped += 1,
             }

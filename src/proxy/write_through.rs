@@ -16,7 +16,7 @@ use percent_encoding::percent_decode_str;
 use prometheus::IntCounter;
 
 use super::route::PathPattern;
-use super::{Proxy, ProxyBody};
+use super::{Forget, Proxy, ProxyBody};
 use crate::config::{WriteKey, WriteThroughConfig};
 use crate::gate::Gate;
 use crate::key::normalize;
@@ -99,9 +99,8 @@ impl WriteThrough {
         };
         match normalize(self.gate.normalize_rule(), Cow::Borrowed(raw.as_str())) {
             Ok(key) => {
-                self.gate.add_key(&key);
                 proxy
-                    .invalidate_negative(self.gate.name(), &key.to_owned_key())
+                    .admit(&self.gate, &[key.to_owned_key()], Forget::Absence)
                     .await;
                 self.added.inc();
                 tracing::debug!(filter = self.gate.name(), key = %key.to_owned_key(), "write-through added a key");

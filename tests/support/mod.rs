@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use bloomgate::App;
 use bloomgate::config::Config;
 use bloomgate::db::{Db, PoolSettings};
+use bloomgate::proxy::Proxy;
 use bloomgate::server::{self, Handler, ServeOptions};
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
@@ -205,6 +206,8 @@ pub struct TestProxy {
     pub data: SocketAddr,
     /// Admin-plane address.
     pub admin: SocketAddr,
+    /// The proxy serving the data plane, for tests that reach its gates directly.
+    pub proxy: Arc<Proxy>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     client: HttpClient,
@@ -224,6 +227,7 @@ impl TestProxy {
         config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         let app = App::bind(config).await.expect("bind");
         let (data, admin) = (app.data_addr(), app.admin_addr());
+        let proxy = app.proxy();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(app.run(async {
             let _ = stopped.await;
@@ -231,6 +235,7 @@ impl TestProxy {
         TestProxy {
             data,
             admin,
+            proxy,
             stop: Some(stop),
             task: Some(task),
             client: HttpClient::new(),
@@ -442,6 +447,8 @@ pub struct StubState {
     pub answer_headers: Mutex<Vec<(String, String)>>,
     pub seen: Mutex<Option<Seen>>,
     pub fail_with_500: AtomicBool,
+    /// See [`StubUpstream::hold_next_not_found`].
+    pub hold: Mutex<Option<(oneshot::Sender<u64>, oneshot::Receiver<()>)>>,
 }
 
 impl StubUpstream {
@@ -502,6 +509,16 @@ impl StubUpstream {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
+    }
+
+    /// Holds the next product answer that is "not found", after the stub has decided it:
+    /// the first receiver gets the key once the answer is decided, and the answer leaves
+    /// when the returned sender is used (or dropped).
+    pub fn hold_next_not_found(&self) -> (oneshot::Receiver<u64>, oneshot::Sender<()>) {
+        let (decided, on_decided) = oneshot::channel();
+        let (release, on_release) = oneshot::channel();
+        *self.state.hold.lock().expect("lock") = Some((decided, on_release));
+        (on_decided, release)
     }
 
     /// `http://addr`
@@ -643,7 +660,14 @@ impl Handler for StubHandler {
                 }
                 r
             }
-            _ => full(StatusCode::NOT_FOUND, "{\"error\":\"not found\"}".into()),
+            _ => {
+                let held = self.0.hold.lock().expect("lock").take();
+                if let Some((decided, release)) = held {
+                    let _ = decided.send(key.unwrap_or_default());
+                    let _ = release.await;
+                }
+                full(StatusCode::NOT_FOUND, "{\"error\":\"not found\"}".into())
+            }
         }
     }
 }
