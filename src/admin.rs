@@ -154,6 +154,8 @@ impl Admin {
                     "last_load": g.load_status(),
                     "unconfirmed_keys": g.unconfirmed_keys(),
                     "sync_watermark": g.watermark().map(|w| w.to_string()),
+                    "sync_resume_from": crate::sync::next_start(g).map(|w| w.to_string()),
+                    "sync_open_gaps": g.sync_open_gaps(),
                     "snapshot_path": cfg.snapshot_path.as_ref().map(|p| p.display().to_string()),
                 })
             })

@@ -319,9 +319,15 @@ pub struct SyncConfig {
     /// rows committed late or stamped by a skewed clock are not missed.
     #[serde(default = "default_sync_overlap", with = "humantime_serde")]
     pub overlap: Duration,
-    /// Each poll reaches back this many ids before the watermark (integer watermarks).
-    #[serde(default)]
+    /// Integer watermarks: how many ids below a full build's start mark the first poll
+    /// after that build reads again; ids missing there are tracked as gaps.
+    #[serde(default = "default_sync_overlap_ids")]
     pub overlap_ids: u64,
+    /// Integer watermarks: how long an id that a poll skipped over (its transaction had
+    /// not committed) is read again before it is given up. Keep it above the longest
+    /// write transaction.
+    #[serde(default = "default_sync_gap_timeout", with = "humantime_serde")]
+    pub gap_timeout: Duration,
 }
 
 /// The type of the sync watermark column.
@@ -343,6 +349,12 @@ fn default_sync_interval() -> Duration {
 }
 fn default_sync_overlap() -> Duration {
     Duration::from_secs(10)
+}
+fn default_sync_overlap_ids() -> u64 {
+    1000
+}
+fn default_sync_gap_timeout() -> Duration {
+    Duration::from_secs(120)
 }
 
 fn default_fpp() -> f64 {
@@ -879,6 +891,12 @@ impl Config {
                         "must be greater than 0",
                     ));
                 }
+                if sync.gap_timeout.is_zero() {
+                    return Err(ConfigError::invalid(
+                        at("sync.gap_timeout"),
+                        "must be greater than 0",
+                    ));
+                }
                 if sync.watermark == WatermarkKind::Integer && sync.start_query.is_none() {
                     return Err(ConfigError::invalid(
                         at("sync.start_query"),
@@ -1231,6 +1249,21 @@ mod tests {
     fn upstream_url_is_checked() {
         let e = err(&GOOD.replace("http://127.0.0.1:3000", "https://example.test"));
         assert!(e.contains("upstream.url"), "{e}");
+    }
+
+    #[test]
+    fn sync_defaults_and_gap_timeout() {
+        let sync = "\n[filters.products.sync]\nquery = \"SELECT sku_id, id FROM products WHERE id >= ?\"\nwatermark = \"integer\"\nstart_query = \"SELECT MAX(id) FROM products\"\n";
+        let c = Config::from_toml_str(&format!("{GOOD}{sync}")).expect("valid");
+        let s = c.filters["products"].sync.as_ref().expect("sync");
+        assert_eq!(s.overlap_ids, 1000);
+        assert_eq!(s.gap_timeout, Duration::from_secs(120));
+        let c =
+            Config::from_toml_str(&format!("{GOOD}{sync}gap_timeout = \"1s\"\n")).expect("valid");
+        let s = c.filters["products"].sync.as_ref().expect("sync");
+        assert_eq!(s.gap_timeout, Duration::from_secs(1));
+        let e = err(&format!("{GOOD}{sync}gap_timeout = \"0s\"\n"));
+        assert!(e.contains("filters.products.sync.gap_timeout"), "{e}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use serde::Serialize;
@@ -28,6 +28,7 @@ use crate::config::{FilterConfig, Normalize};
 use crate::filter::{BloomFilter, FilterStats};
 use crate::key::{KeyBytes, NormKey};
 use crate::metrics::FilterMetrics;
+use crate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use crate::watermark::Watermark;
 
 /// What the gate says about a key.
@@ -137,8 +138,8 @@ pub struct Gate {
     rebuild: Notify,
     /// Why the next rebuild was asked for (the last request wins).
     rebuild_reason: Mutex<RebuildReason>,
-    /// How far incremental sync has read; `None` before the first build or without sync.
-    watermark: Mutex<Option<Watermark>>,
+    /// How far incremental sync has read, and what it skipped over.
+    watermark: Mutex<SyncPosition>,
     /// See [`Gate::set_build_hook`].
     build_hook: Mutex<Option<BuildHook>>,
     status: Mutex<LoadStatus>,
@@ -150,6 +151,7 @@ impl Gate {
     pub fn new(name: &str, config: FilterConfig, metrics: FilterMetrics) -> Gate {
         metrics.set_ready(false);
         let source_query = Arc::from(config.source_query.as_str());
+        let position = SyncPosition::new(&config);
         Gate {
             name: Arc::from(name),
             target_capacity: AtomicU64::new(config.expected_items),
@@ -163,7 +165,7 @@ impl Gate {
             capacity_warned: AtomicBool::new(false),
             rebuild: Notify::new(),
             rebuild_reason: Mutex::new(RebuildReason::Requested),
-            watermark: Mutex::new(None),
+            watermark: Mutex::new(position),
             build_hook: Mutex::new(None),
             status: Mutex::new(LoadStatus {
                 result: "never",
@@ -292,17 +294,71 @@ impl Gate {
         self.live.load().as_deref().map(BloomFilter::stats)
     }
 
-    /// The current sync watermark.
+    /// The current sync watermark: the largest value sync or a build has reached.
     pub fn watermark(&self) -> Option<Watermark> {
-        *lock(&self.watermark)
+        lock(&self.watermark).mark
     }
 
     /// Moves the sync watermark forward (never back).
     pub fn advance_watermark(&self, to: Watermark) {
-        let mut w = lock(&self.watermark);
-        if w.is_none_or(|cur| to > cur) {
-            *w = Some(to);
+        lock(&self.watermark).advance(to);
+    }
+
+    /// Where a poll computed from `mark` starts: for integer watermarks, the lowest open
+    /// gap if that is lower (the query's `>=` reads it again).
+    pub fn sync_poll_start(&self, mark: Watermark) -> Watermark {
+        let p = lock(&self.watermark);
+        match mark {
+            Watermark::Int(id) => Watermark::Int(p.gaps.resume_from(id)),
+            other => other,
         }
+    }
+
+    /// What a snapshot of a build that started at `mark` records: for integer
+    /// watermarks, a mark below the `overlap_ids` window and below the lowest open gap,
+    /// so a restart from it reads them again and finds the ids still missing.
+    pub fn sync_restart_mark(&self, mark: Watermark) -> Watermark {
+        let p = lock(&self.watermark);
+        match mark {
+            Watermark::Int(id) => Watermark::Int(p.gaps.snapshot_mark(id)),
+            other => other,
+        }
+    }
+
+    /// Open gap ranges, for `/admin/filters`; `None` unless sync uses integer watermarks.
+    pub fn sync_open_gaps(&self) -> Option<usize> {
+        let p = lock(&self.watermark);
+        matches!(p.mark, Some(Watermark::Int(_))).then(|| p.gaps.len())
+    }
+
+    /// A full build read the source from `start`: moves the watermark there if that is
+    /// ahead, and then (integer watermarks) opens the `overlap_ids` ids below it as gaps,
+    /// for rows whose transactions were still open while the build scanned. When sync is
+    /// already past `start`, nothing changes.
+    pub fn start_sync_at(&self, start: Watermark) {
+        let mut p = lock(&self.watermark);
+        if p.advance(start) {
+            if let Watermark::Int(id) = start {
+                p.gaps.open_below(id, Instant::now());
+            }
+            self.metrics.set_sync_open_gaps(p.gaps.len());
+        }
+    }
+
+    /// Applies the ids an integer-watermark poll read (any order; sorted here): closes
+    /// the gaps they fill, opens gaps for the ids between `prev` (the watermark the poll
+    /// was computed from) and the largest id read that it skipped, expires old gaps,
+    /// and moves the watermark to the largest id. `started` is when its query was sent.
+    pub fn record_poll_ids(&self, prev: i64, ids: &mut Vec<i64>, started: Instant) -> PollGaps {
+        ids.sort_unstable();
+        ids.dedup();
+        let mut p = lock(&self.watermark);
+        let report = p.gaps.record_poll(prev, ids, started, Instant::now());
+        if let Some(&newest) = ids.last() {
+            p.advance(Watermark::Int(newest));
+        }
+        self.metrics.set_sync_open_gaps(p.gaps.len());
+        report
     }
 
     /// Refreshes the filter gauges (called at scrape time and after changes).
@@ -325,6 +381,34 @@ impl Gate {
 
     fn update_status(&self, f: impl FnOnce(&mut LoadStatus)) {
         f(&mut lock(&self.status));
+    }
+}
+
+/// The sync watermark and the gaps below it, behind one lock so that a poll's update and
+/// a build's swap never interleave.
+struct SyncPosition {
+    /// The largest watermark applied; `None` before the first build or without sync.
+    mark: Option<Watermark>,
+    /// Ids below `mark` that no poll has read yet (integer watermarks only).
+    gaps: Gaps,
+}
+
+impl SyncPosition {
+    fn new(config: &FilterConfig) -> SyncPosition {
+        let gaps = match &config.sync {
+            Some(s) => Gaps::new(s.gap_timeout, s.overlap_ids, MAX_OPEN_RANGES),
+            None => Gaps::new(std::time::Duration::ZERO, 0, MAX_OPEN_RANGES),
+        };
+        SyncPosition { mark: None, gaps }
+    }
+
+    /// Moves the mark forward; true if it moved.
+    fn advance(&mut self, to: Watermark) -> bool {
+        let ahead = self.mark.is_none_or(|cur| to > cur);
+        if ahead {
+            self.mark = Some(to);
+        }
+        ahead
     }
 }
 

@@ -28,7 +28,8 @@
 //! - [`server`]: the HTTP/1.1 accept loop with head limits, timeouts and graceful
 //!   shutdown.
 //! - [`app`]: wiring of all of the above from a config.
-//! - [`sync`]: incremental sync of new keys into the live filters.
+//! - [`sync`]: incremental sync of new keys into the live filters (`sync::gaps` tracks
+//!   the ids an integer-watermark poll skipped over, so late commits are read again).
 //! - [`watermark`]: how far sync has read the source.
 //! - [`tools`]: offline `filter build` and `filter inspect`.
 //! - [`demo`]: the embedded SQLite demo.

@@ -47,6 +47,9 @@ pub struct Metrics {
     unconfirmed_keys: IntGaugeVec,
     sync_keys: IntCounterVec,
     sync_polls: IntCounterVec,
+    sync_open_gaps: IntGaugeVec,
+    sync_gaps_expired: IntCounterVec,
+    sync_gaps_dropped: IntCounterVec,
     write_through: IntCounterVec,
     origin_errors: IntCounterVec,
     route_info: IntGaugeVec,
@@ -114,6 +117,9 @@ pub struct FilterMetrics {
     sync_keys: IntCounter,
     sync_polls_ok: IntCounter,
     sync_polls_failed: IntCounter,
+    sync_open_gaps: IntGauge,
+    sync_gaps_expired: IntCounter,
+    sync_gaps_dropped: IntCounter,
 }
 
 impl FilterMetrics {
@@ -193,6 +199,22 @@ impl FilterMetrics {
     /// Freshness lag: now minus the newest change applied, in seconds.
     pub fn set_sync_lag(&self, seconds: f64) {
         self.sync_lag.set(seconds);
+    }
+
+    /// Publishes how many id ranges sync is reading again (integer watermarks).
+    pub fn set_sync_open_gaps(&self, ranges: usize) {
+        self.sync_open_gaps
+            .set(i64::try_from(ranges).unwrap_or(i64::MAX));
+    }
+
+    /// Counts gap ranges given up after `gap_timeout`.
+    pub fn sync_gaps_expired(&self, ranges: usize) {
+        self.sync_gaps_expired.inc_by(ranges as u64);
+    }
+
+    /// Counts gap ranges dropped because too many were open.
+    pub fn sync_gaps_dropped(&self, ranges: usize) {
+        self.sync_gaps_dropped.inc_by(ranges as u64);
     }
 }
 
@@ -365,6 +387,27 @@ impl Metrics {
             ),
             &["filter", "result"],
         )?;
+        let sync_open_gaps = IntGaugeVec::new(
+            Opts::new(
+                "bloomgate_filter_sync_open_gaps",
+                "Id ranges that incremental sync skipped over and reads again until their rows appear or gap_timeout passes (integer watermarks).",
+            ),
+            &["filter"],
+        )?;
+        let sync_gaps_expired = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_sync_gaps_expired_total",
+                "Sync gap ranges given up after gap_timeout without their rows appearing.",
+            ),
+            &["filter"],
+        )?;
+        let sync_gaps_dropped = IntCounterVec::new(
+            Opts::new(
+                "bloomgate_filter_sync_gaps_dropped_total",
+                "Sync gap ranges dropped, oldest first, because too many were open.",
+            ),
+            &["filter"],
+        )?;
         let write_through = IntCounterVec::new(
             Opts::new(
                 "bloomgate_write_through_keys_total",
@@ -436,6 +479,9 @@ impl Metrics {
         registry.register(Box::new(unconfirmed_keys.clone()))?;
         registry.register(Box::new(sync_keys.clone()))?;
         registry.register(Box::new(sync_polls.clone()))?;
+        registry.register(Box::new(sync_open_gaps.clone()))?;
+        registry.register(Box::new(sync_gaps_expired.clone()))?;
+        registry.register(Box::new(sync_gaps_dropped.clone()))?;
         registry.register(Box::new(write_through.clone()))?;
         registry.register(Box::new(origin_errors.clone()))?;
         registry.register(Box::new(route_info.clone()))?;
@@ -473,6 +519,9 @@ impl Metrics {
             unconfirmed_keys,
             sync_keys,
             sync_polls,
+            sync_open_gaps,
+            sync_gaps_expired,
+            sync_gaps_dropped,
             write_through,
             origin_errors,
             route_info,
@@ -546,6 +595,9 @@ impl Metrics {
             sync_keys: self.sync_keys.with_label_values(&[filter]),
             sync_polls_ok: self.sync_polls.with_label_values(&[filter, "ok"]),
             sync_polls_failed: self.sync_polls.with_label_values(&[filter, "error"]),
+            sync_open_gaps: self.sync_open_gaps.with_label_values(&[filter]),
+            sync_gaps_expired: self.sync_gaps_expired.with_label_values(&[filter]),
+            sync_gaps_dropped: self.sync_gaps_dropped.with_label_values(&[filter]),
         }
     }
 

@@ -1,11 +1,14 @@
 //! Incremental sync: polls each filter's sync query every `interval` for keys changed
-//! since the watermark (reaching back by the overlap) and admits them (`Proxy::admit`:
-//! the filter, the next filter a build swaps in, and the negative cache entries), so a
-//! key created after it was a false positive is served at once. It does not rebuild
-//! (see `gate::build`).
+//! since the watermark (timestamps reach back by the overlap; integer ids start from the
+//! lowest open gap, see `sync::gaps`) and admits them (`Proxy::admit`: the filter, the
+//! next filter a build swaps in, and the negative cache entries), so a key created after
+//! it was a false positive is served at once. It does not rebuild (see `gate::build`).
+
+pub mod gaps;
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::time::MissedTickBehavior;
 
@@ -37,7 +40,8 @@ pub async fn run(gate: Arc<Gate>, proxy: Arc<Proxy>, db: Db) {
     }
 }
 
-/// One poll: applies every key changed since `mark` minus the overlap.
+/// One poll: applies every key changed since `mark` minus the overlap (timestamps), or
+/// since the lowest open gap below `mark` (integer ids).
 pub async fn poll_once(
     gate: &Gate,
     proxy: &Proxy,
@@ -46,10 +50,12 @@ pub async fn poll_once(
     query: &Arc<str>,
     mark: Watermark,
 ) {
-    let since = reach_back(mark, sync);
+    let since = start_point(gate, mark, sync);
     let rule = gate.normalize_rule().clone();
     let mut added: Vec<OwnedKey> = Vec::new();
     let mut newest: Option<Watermark> = None;
+    let mut ids: Vec<i64> = Vec::new();
+    let started = Instant::now();
     let mut bad = 0u64;
     let result = db
         .for_each_change(query, sync.watermark, since, |raw, w| {
@@ -59,6 +65,9 @@ pub async fn poll_once(
             }
             if let Some(w) = w {
                 newest = newest.max(Some(w));
+                if let Watermark::Int(id) = w {
+                    ids.push(id);
+                }
             }
         })
         .await;
@@ -67,6 +76,9 @@ pub async fn poll_once(
             proxy.admit(gate, &added, Forget::Absence).await;
             if let Some(w) = newest {
                 gate.advance_watermark(w);
+            }
+            if let Watermark::Int(prev) = mark {
+                record_gaps(gate, prev, &mut ids, started);
             }
             if let Some(Watermark::TimeMicros(us)) = gate.watermark() {
                 let lag = (unix_now() - us as f64 / 1e6).max(0.0);
@@ -80,7 +92,8 @@ pub async fn poll_once(
                     "sync rows had keys that failed normalisation"
                 );
             }
-            tracing::debug!(filter = gate.name(), rows, since = %since, "sync poll applied");
+            tracing::debug!(filter = gate.name(), rows, since = %since,
+                open_gaps = gate.sync_open_gaps(), "sync poll applied");
         }
         Err(e) => {
             gate.metrics().record_sync(false, 0, unix_now());
@@ -89,16 +102,69 @@ pub async fn poll_once(
     }
 }
 
-/// The watermark a poll starts from: `mark` minus the configured overlap.
-fn reach_back(mark: Watermark, sync: &SyncConfig) -> Watermark {
+/// Where the next poll of `gate` starts; `None` without sync or before the first build.
+pub fn next_start(gate: &Gate) -> Option<Watermark> {
+    let sync = gate.config().sync.as_ref()?;
+    gate.watermark().map(|mark| start_point(gate, mark, sync))
+}
+
+/// The watermark a poll starts from: `mark` minus the configured overlap (timestamps),
+/// or the lowest open gap if that is below `mark` (integer ids; the query's `>=` reads
+/// the gaps again).
+fn start_point(gate: &Gate, mark: Watermark, sync: &SyncConfig) -> Watermark {
     match mark {
         Watermark::TimeMicros(us) => {
             let overlap = i64::try_from(sync.overlap.as_micros()).unwrap_or(i64::MAX);
             Watermark::TimeMicros(us.saturating_sub(overlap))
         }
-        Watermark::Int(v) => {
-            let overlap = i64::try_from(sync.overlap_ids).unwrap_or(i64::MAX);
-            Watermark::Int(v.saturating_sub(overlap))
+        Watermark::Int(_) => gate.sync_poll_start(mark),
+    }
+}
+
+/// Updates the gaps of an integer-watermark poll that started from `prev` and read
+/// `ids`; logs and counts the gaps it gave up.
+fn record_gaps(gate: &Gate, prev: i64, ids: &mut Vec<i64>, started: Instant) {
+    let report = gate.record_poll_ids(prev, ids, started);
+    let name = gate.name();
+    if !report.expired.is_empty() {
+        for r in &report.expired {
+            tracing::debug!(
+                filter = name,
+                first = r.first,
+                last = r.last,
+                ids = r.ids(),
+                open_for_ms = r.opened.elapsed().as_millis() as u64,
+                "sync gap expired"
+            );
         }
+        let ids = gaps::total_ids(&report.expired);
+        tracing::info!(
+            filter = name,
+            ranges = report.expired.len(),
+            ids,
+            lowest = report.expired.iter().map(|r| r.first).min(),
+            "sync gaps expired: no row appeared for these ids within gap_timeout; they are no longer read again"
+        );
+        gate.metrics().sync_gaps_expired(report.expired.len());
+    }
+    if !report.dropped.is_empty() {
+        let ids = gaps::total_ids(&report.dropped);
+        tracing::warn!(
+            filter = name,
+            ranges = report.dropped.len(),
+            ids,
+            cap = gaps::MAX_OPEN_RANGES,
+            "too many open sync gaps; dropped the oldest, whose rows are no longer read again if they commit late"
+        );
+        gate.metrics().sync_gaps_dropped(report.dropped.len());
+    }
+    if report.opened > 0 || report.closed > 0 {
+        tracing::debug!(
+            filter = name,
+            opened = report.opened,
+            closed = report.closed,
+            open = gate.sync_open_gaps(),
+            "sync gaps updated"
+        );
     }
 }

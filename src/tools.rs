@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::config::Config;
+use crate::config::{Config, FilterConfig};
 use crate::db::{Db, PoolSettings};
 use crate::filter::{BloomFilter, BloomParams, snapshot};
 use crate::gate::{fill, secret_seed, start_watermark};
+use crate::sync::gaps::Gaps;
+use crate::watermark::Watermark;
 
 /// Builds the snapshot of `filter` (or of every filter that has a `snapshot_path` when
 /// `None`) from the database, writing to `out` or the configured path.
@@ -55,7 +57,7 @@ pub async fn build(
             (None, None) => bail!("filter `{name}` has no snapshot_path; pass --out PATH"),
         };
         let source: Arc<str> = Arc::from(f.source_query.as_str());
-        let mark = start_watermark(f, &db).await?;
+        let mark = start_watermark(f, &db).await?.map(|m| resume_point(m, f));
         let count = db
             .count_rows(&source)
             .await
@@ -109,6 +111,19 @@ pub async fn build(
     }
     db.close().await;
     Ok(())
+}
+
+/// The watermark a snapshot built from `start` records: for integer watermarks, below
+/// the `overlap_ids` ids under it (rows whose transactions were open during the scan),
+/// as a live build's snapshot does, so the first poll after loading reads them.
+fn resume_point(start: Watermark, f: &FilterConfig) -> Watermark {
+    match (start, &f.sync) {
+        (Watermark::Int(id), Some(sync)) => {
+            let gaps = Gaps::new(sync.gap_timeout, sync.overlap_ids, 1);
+            Watermark::Int(gaps.snapshot_mark(id))
+        }
+        _ => start,
+    }
 }
 
 /// Prints a snapshot's header and statistics after verifying it.

@@ -207,7 +207,9 @@ impl Gate {
         }
         self.publish_metrics();
         let (_, start_mark) = result?;
-        self.write_snapshot(start_mark).await;
+        // A restart resumes from the snapshot's mark: never above an open gap.
+        self.write_snapshot(start_mark.map(|m| self.sync_restart_mark(m)))
+            .await;
         Ok(())
     }
 
@@ -265,7 +267,7 @@ impl Gate {
         }
         self.capacity_warned.store(false, Ordering::Relaxed);
         if let Some(m) = start_mark {
-            self.advance_watermark(m);
+            self.start_sync_at(m);
         }
         self.metrics.set_ready(true);
         self.phase(BuildPhase::Swapped).await;
