@@ -1,0 +1,563 @@
+//! The configuration model: the serde structs and enums behind `config.toml`, and their
+//! defaults. Reading and checking a file is the parent module's.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The data plane.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// The admin plane: metrics, health, admin API.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// The upstream API: target of pass-through and of `upstream` origins.
+    #[serde(default)]
+    pub upstream: Option<UpstreamConfig>,
+    /// The database that filters load from and `sql` origins query.
+    #[serde(default)]
+    pub database: Option<DatabaseConfig>,
+    /// The response cache.
+    #[serde(default)]
+    pub cache: CacheConfig,
+    /// Bloom filters by name.
+    #[serde(default)]
+    pub filters: BTreeMap<String, FilterConfig>,
+    /// Guarded routes, matched in order.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// Writes passing through to the upstream whose success adds a key to a filter.
+    #[serde(default)]
+    pub write_through: Vec<WriteThroughConfig>,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+    /// How many false positives each client may push through to the origin per window.
+    /// Off when absent.
+    #[serde(default)]
+    pub false_positive_budget: Option<BudgetConfig>,
+}
+
+/// The per-client budget of requests for absent keys that reach the origin.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// False positives one client address may cause per window; past it, its requests
+    /// that would need an origin call get 429 until the window ends.
+    pub per_client: u32,
+    /// Length of a window.
+    #[serde(default = "default_budget_window", with = "humantime_serde")]
+    pub window: Duration,
+    /// Counters per row of the sketch (four rows of 8-byte cells): 16384 is 512 KiB and
+    /// keeps thousands of hunting clients apart.
+    #[serde(default = "default_budget_slots")]
+    pub slots: usize,
+}
+
+fn default_budget_window() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_budget_slots() -> usize {
+    16_384
+}
+
+/// Data-plane listener and request limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address of the data plane.
+    pub listen: SocketAddr,
+    /// A client has this long to send the request head; then the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Request bodies larger than this are refused with 413.
+    pub max_body_bytes: u64,
+    /// On SIGINT/SIGTERM, in-flight requests get this long to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Largest request head (request line and headers) accepted; past it: 431.
+    pub max_header_bytes: usize,
+    /// Longest request target (path and query) accepted; past it: 414.
+    pub max_uri_bytes: usize,
+    /// Address ranges of proxies in front of bloomgate (load balancers) whose
+    /// `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` headers are believed. From
+    /// any other peer those headers are replaced, and the peer is the client.
+    pub trusted_proxies: Vec<String>,
+    /// Who sees the `x-bloomgate` header: `always`, `trusted` (clients in
+    /// `outcome_header_clients` only) or `never`. Metrics and logs carry the outcome in
+    /// every case.
+    pub outcome_header: OutcomeHeaderPolicy,
+    /// Client address ranges that see the `x-bloomgate` header under `trusted`.
+    pub outcome_header_clients: Vec<String>,
+}
+
+/// Who is told, in the `x-bloomgate` response header, which stage answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutcomeHeaderPolicy {
+    /// Every client (the demo's choice; handy while rolling out).
+    #[default]
+    Always,
+    /// Only clients whose address is in `server.outcome_header_clients`.
+    Trusted,
+    /// Nobody.
+    Never,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            header_read_timeout: Duration::from_secs(10),
+            max_body_bytes: 1024 * 1024,
+            shutdown_grace: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            max_uri_bytes: 8 * 1024,
+            trusted_proxies: Vec::new(),
+            outcome_header: OutcomeHeaderPolicy::Always,
+            outcome_header_clients: Vec::new(),
+        }
+    }
+}
+
+/// Admin-plane listener and credentials.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address of the admin plane; keep it on loopback or a private network.
+    pub listen: SocketAddr,
+    /// Bearer token for mutating admin calls. When unset, those calls are refused.
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token: None,
+        }
+    }
+}
+
+/// The upstream HTTP API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Base URL, `http://host:port` (plain HTTP; TLS is terminated elsewhere).
+    pub url: String,
+    /// Time allowed for an upstream response head; past it the client gets 504.
+    #[serde(default = "default_upstream_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Idle keep-alive connections are closed after this long.
+    #[serde(default = "default_pool_idle", with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// Most idle keep-alive connections kept open to the upstream.
+    #[serde(default = "default_pool_max_idle")]
+    pub pool_max_idle: usize,
+}
+
+fn default_upstream_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_pool_idle() -> Duration {
+    Duration::from_secs(90)
+}
+fn default_pool_max_idle() -> usize {
+    256
+}
+
+/// Connection pool settings for the database.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `mysql://user:pass@host:3306/db`, `mariadb://…` or `sqlite://path/to.db`.
+    pub url: String,
+    /// Upper bound of pooled connections.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Connections kept open when idle.
+    #[serde(default)]
+    pub min_connections: u32,
+    /// How long a lookup waits for a free connection before answering 503.
+    #[serde(default = "default_acquire_timeout", with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+}
+
+fn default_max_connections() -> u32 {
+    16
+}
+fn default_acquire_timeout() -> Duration {
+    Duration::from_millis(500)
+}
+
+/// Bounds and lifetimes of cached responses.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Most positive entries (found keys).
+    pub max_entries: u64,
+    /// Lifetime of a positive entry.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Most negative entries (the gate's false positives); a separate bound, so a flood
+    /// of absent keys cannot push found keys out.
+    pub negative_max_entries: u64,
+    /// Lifetime of a negative entry. A key admitted by sync, write-through or the admin
+    /// API drops its negative entries at once, so this mostly bounds how often one absent
+    /// key can reach the origin.
+    #[serde(with = "humantime_serde")]
+    pub negative_ttl: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            max_entries: 100_000,
+            ttl: Duration::from_secs(300),
+            negative_max_entries: 100_000,
+            negative_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// One Bloom filter and where its keys come from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterConfig {
+    /// Query whose first column lists every key that exists, e.g. `SELECT sku_id FROM products`.
+    pub source_query: String,
+    /// Number of keys the filter is sized for.
+    pub expected_items: u64,
+    /// Target false-positive rate at `expected_items`, in (0, 1).
+    #[serde(default = "default_fpp")]
+    pub false_positive_rate: f64,
+    /// How keys are normalised, for the loader and every route gated by this filter.
+    #[serde(default)]
+    pub normalize: Normalize,
+    /// First wait before retrying a failed load; doubles up to `load_retry_max`.
+    #[serde(default = "default_retry_initial", with = "humantime_serde")]
+    pub load_retry_initial: Duration,
+    /// Longest wait between load attempts.
+    #[serde(default = "default_retry_max", with = "humantime_serde")]
+    pub load_retry_max: Duration,
+    /// Incremental sync of new keys between full builds. Without it keys only arrive
+    /// through rebuilds, write-through and the admin API.
+    #[serde(default)]
+    pub sync: Option<SyncConfig>,
+    /// Period of full rebuilds from `source_query` (how deleted keys leave the filter).
+    /// Without it, rebuilds happen on demand and when capacity runs out.
+    #[serde(default, with = "humantime_serde")]
+    pub rebuild_interval: Option<Duration>,
+    /// Share of capacity at which a warning is logged (once per crossing).
+    #[serde(default = "default_capacity_warn")]
+    pub capacity_warn_ratio: f64,
+    /// The filter is saved here after each build and loaded from here at start-up.
+    #[serde(default)]
+    pub snapshot_path: Option<std::path::PathBuf>,
+}
+
+/// Incremental sync: a query polled on an interval that returns keys changed since a
+/// watermark.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncConfig {
+    /// Two columns, the key and the watermark, with one `?` bound to the watermark, e.g.
+    /// `SELECT sku_id, updated_at FROM products WHERE updated_at >= ?`.
+    pub query: String,
+    /// What the watermark column holds.
+    #[serde(default)]
+    pub watermark: WatermarkKind,
+    /// Returns the watermark to start from just before a full build (one row, one column),
+    /// e.g. `SELECT MAX(id) FROM products`. Required for integer watermarks; timestamp
+    /// watermarks default to bloomgate's clock at the start of the build.
+    #[serde(default)]
+    pub start_query: Option<String>,
+    /// How often the query runs.
+    #[serde(default = "default_sync_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Each poll reaches back this far before the watermark (timestamp watermarks), so
+    /// rows committed late or stamped by a skewed clock are not missed.
+    #[serde(default = "default_sync_overlap", with = "humantime_serde")]
+    pub overlap: Duration,
+    /// Integer watermarks: how many ids below a full build's start mark the first poll
+    /// after that build reads again; ids missing there are tracked as gaps.
+    #[serde(default = "default_sync_overlap_ids")]
+    pub overlap_ids: u64,
+    /// Integer watermarks: how long an id that a poll skipped over (its transaction had
+    /// not committed) is read again before it is given up. Keep it above the longest
+    /// write transaction.
+    #[serde(default = "default_sync_gap_timeout", with = "humantime_serde")]
+    pub gap_timeout: Duration,
+}
+
+/// The type of the sync watermark column.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WatermarkKind {
+    /// A TIMESTAMP/DATETIME column, compared in UTC.
+    #[default]
+    Timestamp,
+    /// An integer column such as an auto-increment id.
+    Integer,
+}
+
+fn default_capacity_warn() -> f64 {
+    0.85
+}
+fn default_sync_interval() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_sync_overlap() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_sync_overlap_ids() -> u64 {
+    1000
+}
+fn default_sync_gap_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn default_fpp() -> f64 {
+    0.01
+}
+fn default_retry_initial() -> Duration {
+    Duration::from_millis(500)
+}
+fn default_retry_max() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// How a raw key becomes the canonical bytes that the filter and cache see.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Normalize {
+    /// An unsigned 64-bit integer in canonical decimal form (`007` and `+7` become `7`).
+    #[default]
+    Integer,
+    /// Text: trimmed, optionally lowercased, at most `max_len` bytes.
+    String {
+        /// Fold ASCII and Unicode letters to lower case.
+        #[serde(default)]
+        lowercase: bool,
+        /// Longest accepted key, in bytes after trimming and lowercasing.
+        #[serde(default = "default_max_len")]
+        max_len: usize,
+    },
+}
+
+fn default_max_len() -> usize {
+    128
+}
+
+/// A guarded route.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Name used in metric labels and logs; defaults to the path.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Path pattern: literal segments and at most one `{param}` segment,
+    /// e.g. `/api/products/{id}` or `/api/product/info`.
+    pub path: String,
+    /// Where the key comes from.
+    pub key: KeySource,
+    /// Name of the filter that gates this route.
+    pub filter: String,
+    /// Normalisation; must equal the filter's, which it defaults to.
+    #[serde(default)]
+    pub normalize: Option<Normalize>,
+    /// Where found keys are fetched from.
+    pub origin: OriginConfig,
+    /// Positive TTL for this route, overriding `cache.ttl`.
+    #[serde(default, with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+    /// Negative TTL for this route, overriding `cache.negative_ttl`.
+    #[serde(default, with = "humantime_serde")]
+    pub negative_ttl: Option<Duration>,
+    /// `enforce` (refuse keys the gate calls absent) or `shadow` (only count them).
+    #[serde(default)]
+    pub mode: RouteMode,
+    /// Literal path segments match only in the same case (default: any case).
+    #[serde(default)]
+    pub case_sensitive: bool,
+    /// A trailing slash names another resource (default: the same one).
+    #[serde(default)]
+    pub strict_trailing_slash: bool,
+    /// Segment keys may contain `.` (default: refused with 400, since many upstreams
+    /// read `/products/42.json` as key 42).
+    #[serde(default)]
+    pub key_allows_dot: bool,
+    /// Query parameters sent on to an upstream origin; each is part of the cache key.
+    #[serde(default)]
+    pub forward_query: Vec<String>,
+    /// Other query parameters: `drop` them from the origin request (default) or
+    /// `reject` the request with 400.
+    #[serde(default)]
+    pub undeclared_query: UndeclaredQuery,
+    /// Request headers sent on to an upstream origin; each is part of the cache key.
+    #[serde(default)]
+    pub forward_headers: Vec<String>,
+    /// Headers set on every origin request of this route, e.g. an API key.
+    #[serde(default)]
+    pub upstream_headers: BTreeMap<String, String>,
+}
+
+/// What a guarded route does with query parameters it neither reads nor forwards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UndeclaredQuery {
+    /// Leave them out of the origin request and the cache key.
+    #[default]
+    Drop,
+    /// Answer 400 `undeclared_parameter`.
+    Reject,
+}
+
+/// Whether a route acts on the gate's verdict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteMode {
+    /// "Definitely absent" answers 404 at once.
+    #[default]
+    Enforce,
+    /// The verdict is counted (`would_intercept`) but every request goes on to the cache
+    /// and origin; a key the origin finds after the gate called it absent is a false
+    /// negative. For rolling out safely.
+    Shadow,
+    /// The gate is not consulted: only the cache (with its negative entries) stands
+    /// between clients and the origin. For comparisons and emergencies.
+    Off,
+}
+
+impl RouteMode {
+    /// The mode as the config spells it, for metric labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteMode::Enforce => "enforce",
+            RouteMode::Shadow => "shadow",
+            RouteMode::Off => "off",
+        }
+    }
+}
+
+/// A write that, when the upstream accepts it, adds a key to a filter at once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteThroughConfig {
+    /// Path pattern of the write, with at most one `{param}` segment.
+    pub path: String,
+    /// Methods that count as writes.
+    #[serde(default = "default_write_methods")]
+    pub methods: Vec<String>,
+    /// Upstream statuses that mean success; empty means any 2xx.
+    #[serde(default)]
+    pub statuses: Vec<u16>,
+    /// The filter that receives the key.
+    pub filter: String,
+    /// Where the new key is read from.
+    pub key: WriteKey,
+}
+
+fn default_write_methods() -> Vec<String> {
+    vec!["POST".into(), "PUT".into(), "PATCH".into()]
+}
+
+/// Where write-through reads the created key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum WriteKey {
+    /// The `{name}` segment of the request path: `{ segment = "id" }`.
+    Segment(String),
+    /// The last path segment of a response header such as `Location`: `{ header = "location" }`.
+    Header(String),
+    /// A field of the JSON response body, dotted for nesting: `{ json = "data.sku_id" }`.
+    Json(String),
+}
+
+impl RouteConfig {
+    /// The label used for this route in metrics and logs.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.path)
+    }
+
+    /// How literally the route's path matches.
+    pub fn match_options(&self) -> crate::proxy::route::MatchOptions {
+        crate::proxy::route::MatchOptions {
+            case_sensitive: self.case_sensitive,
+            strict_trailing_slash: self.strict_trailing_slash,
+            key_allows_dot: self.key_allows_dot,
+        }
+    }
+}
+
+/// Where a route's key is read from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum KeySource {
+    /// A query parameter: `key = { query = "sku_id" }`.
+    Query(String),
+    /// The `{name}` segment of the path: `key = { segment = "id" }`.
+    Segment(String),
+}
+
+/// Where a guarded route fetches what the gate let through.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum OriginConfig {
+    /// A parameterised query with one `?` for the key; the first row is returned as JSON.
+    Sql {
+        /// e.g. `SELECT sku_id, name, price, updated_at FROM products WHERE sku_id = ?`.
+        query: String,
+        /// Longest time a lookup may take (pool wait included) before the client gets 504.
+        #[serde(default = "default_origin_timeout", with = "humantime_serde")]
+        timeout: Duration,
+    },
+    /// The request is forwarded to `[upstream]`.
+    Upstream {
+        /// Upstream statuses that mean "no such key" (false positive), default 404 and 410.
+        #[serde(default = "default_not_found")]
+        not_found_statuses: Vec<u16>,
+    },
+}
+
+fn default_origin_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_not_found() -> Vec<u16> {
+    vec![404, 410]
+}
+
+/// Log output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `human` or `json`.
+    pub format: LogFormat,
+    /// An `EnvFilter` directive, e.g. `info` or `bloomgate=debug,info`; `RUST_LOG` wins.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Human,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Readable lines for a terminal.
+    Human,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
