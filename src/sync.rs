@@ -74,11 +74,14 @@ pub async fn poll_once(
     match result {
         Ok(rows) => {
             proxy.admit(gate, &added, Forget::Absence).await;
-            if let Some(w) = newest {
-                gate.advance_watermark(w);
-            }
-            if let Watermark::Int(prev) = mark {
-                record_gaps(gate, prev, &mut ids, started);
+            match mark {
+                // The gaps and the watermark move together, under one lock.
+                Watermark::Int(prev) => record_gaps(gate, prev, &mut ids, started),
+                Watermark::TimeMicros(_) => {
+                    if let Some(w) = newest {
+                        gate.advance_watermark(w);
+                    }
+                }
             }
             if let Some(Watermark::TimeMicros(us)) = gate.watermark() {
                 let lag = (unix_now() - us as f64 / 1e6).max(0.0);
