@@ -18,7 +18,9 @@ use serde_json::{Value, json};
 use crate::gate::Gate;
 use crate::key::normalize;
 use crate::metrics::Metrics;
-use crate::proxy::{Forget, Proxy};
+use crate::pipeline::response;
+use crate::gate::admit::{Admit, Forget};
+use crate::pipeline::Proxy;
 use crate::server::Handler;
 
 /// Largest admin request body (key uploads).
@@ -30,6 +32,8 @@ pub struct Admin {
     pub gates: BTreeMap<String, Arc<Gate>>,
     /// The data-plane handler (for cache invalidation and cache sizes).
     pub proxy: Arc<Proxy>,
+    /// The admission path (adds keys, invalidates entries).
+    pub admit: Arc<Admit>,
     /// Where metrics are registered.
     pub registry: Registry,
     /// Metric handles, for gauges refreshed at scrape time.
@@ -154,7 +158,7 @@ impl Admin {
                     "last_load": g.load_status(),
                     "unconfirmed_keys": g.unconfirmed_keys(),
                     "sync_watermark": g.watermark().map(|w| w.to_string()),
-                    "sync_resume_from": crate::sync::next_start(g).map(|w| w.to_string()),
+                    "sync_resume_from": crate::gate::sync::next_start(g).map(|w| w.to_string()),
                     "sync_open_gaps": g.sync_open_gaps(),
                     "snapshot_path": cfg.snapshot_path.as_ref().map(|p| p.display().to_string()),
                 })
@@ -202,7 +206,7 @@ impl Admin {
         }
         // Before the first load there is no filter to add to: the keys are kept and go
         // into the first filter swapped in, whatever its source holds.
-        let added = self.proxy.admit(gate, &keys, Forget::Everything).await as u64;
+        let added = self.admit.admit(gate, &keys, Forget::Everything).await as u64;
         let pending = keys.len() as u64 - added;
         tracing::info!(
             filter = gate.name(),
@@ -226,7 +230,7 @@ impl Admin {
         for raw_key in &raw {
             for gate in self.gates.values() {
                 if let Ok(key) = normalize(gate.normalize_rule(), Cow::Borrowed(raw_key.as_str())) {
-                    self.proxy
+                    self.admit
                         .invalidate(Some(gate.name()), &key.to_owned_key())
                         .await;
                     dropped += 1;
@@ -300,11 +304,7 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
 }
 
 fn json_response(status: StatusCode, value: &Value) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    resp
+    response::json(status, value.to_string())
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {

@@ -15,19 +15,20 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::Admin;
-use crate::budget::Budget;
+use crate::pipeline::budget::Budget;
 use crate::cache::ResponseCache;
-use crate::client::Cidrs;
+use crate::pipeline::client::Cidrs;
 use crate::config::{Config, KeySource, OriginConfig, UndeclaredQuery};
 use crate::db::{Db, PoolSettings};
 use crate::gate::Gate;
+use crate::gate::admit::Admit;
 use crate::metrics::Metrics;
 use crate::origin::{Origin, UpstreamOrigin};
-use crate::proxy::route::{PathPattern, QueryRules};
-use crate::proxy::write_through::WriteThrough;
-use crate::proxy::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
+use crate::pipeline::route::{MatchOptions, PathPattern, QueryRules};
+use crate::pipeline::write_through::WriteThrough;
+use crate::pipeline::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
 use crate::server::{self, Handler, ServeOptions};
-use crate::upstream::Upstream;
+use crate::origin::client::Upstream;
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +47,7 @@ pub enum AppError {
     Db(#[from] crate::db::DbError),
     /// The upstream client could not be configured.
     #[error(transparent)]
-    Upstream(#[from] crate::upstream::UpstreamError),
+    Upstream(#[from] crate::origin::client::UpstreamError),
     /// Metric registration failed (a name clash: a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -66,6 +67,7 @@ pub struct App {
     data: TcpListener,
     admin: TcpListener,
     proxy: Arc<Proxy>,
+    admit: Arc<Admit>,
     admin_handler: Arc<Admin>,
     gates: Vec<Arc<Gate>>,
     db: Option<Db>,
@@ -129,7 +131,7 @@ impl App {
                 route: label.clone(),
                 reason,
             };
-            let pattern = PathPattern::parse(&r.path, &r.key, r.match_options()).map_err(&fail)?;
+            let pattern = PathPattern::parse(&r.path, &r.key, MatchOptions::of(r)).map_err(&fail)?;
             let gate = gates
                 .get(&r.filter)
                 .cloned()
@@ -194,6 +196,18 @@ impl App {
                 logged_false_negatives: std::sync::Mutex::new(std::collections::HashSet::new()),
             });
         }
+        let has_variants = config
+            .routes
+            .iter()
+            .any(|r| !r.forward_query.is_empty() || !r.forward_headers.is_empty());
+        let cache = Arc::new(ResponseCache::new(&config.cache, has_variants));
+        let admit = Arc::new(Admit::new(
+            Arc::clone(&cache),
+            routes
+                .iter()
+                .map(|r| (Arc::from(r.gate.name()), r.id))
+                .collect(),
+        ));
         let mut write_through = Vec::with_capacity(config.write_through.len());
         for (i, w) in config.write_through.iter().enumerate() {
             let fail = |reason: String| AppError::Route {
@@ -205,16 +219,12 @@ impl App {
                 .cloned()
                 .ok_or_else(|| fail(format!("no filter `{}`", w.filter)))?;
             let added = metrics.write_through(&w.filter);
-            write_through.push(WriteThrough::new(w, gate, added).map_err(fail)?);
+            write_through.push(WriteThrough::new(w, gate, Arc::clone(&admit), added).map_err(fail)?);
         }
 
-        let has_variants = config
-            .routes
-            .iter()
-            .any(|r| !r.forward_query.is_empty() || !r.forward_headers.is_empty());
         let proxy = Arc::new(Proxy::new(
             routes,
-            ResponseCache::new(&config.cache, has_variants),
+            cache,
             upstream,
             config.server.max_body_bytes,
             metrics.passthrough(),
@@ -224,6 +234,7 @@ impl App {
         let admin_handler = Arc::new(Admin {
             gates: gates.clone(),
             proxy: Arc::clone(&proxy),
+            admit: Arc::clone(&admit),
             registry,
             metrics,
             token: config.admin.token.clone(),
@@ -235,6 +246,7 @@ impl App {
             data,
             admin,
             proxy,
+            admit,
             admin_handler,
             gates: gates.into_values().collect(),
             db,
@@ -270,9 +282,9 @@ impl App {
         if let Some(db) = &self.db {
             for gate in &self.gates {
                 loaders.push(tokio::spawn(Arc::clone(gate).run_loader(db.clone())));
-                loaders.push(tokio::spawn(crate::sync::run(
+                loaders.push(tokio::spawn(crate::gate::sync::run(
                     Arc::clone(gate),
-                    Arc::clone(&self.proxy),
+                    Arc::clone(&self.admit),
                     db.clone(),
                 )));
             }
@@ -323,7 +335,7 @@ fn edge_policy(config: &Config, registry: &Registry) -> Result<EdgePolicy, AppEr
     };
     let budget = match &config.false_positive_budget {
         Some(b) => {
-            crate::budget::register(registry, b.per_client, b.window)?;
+            crate::pipeline::budget::register(registry, b.per_client, b.window)?;
             Some(Budget::new(b.per_client, b.window, b.slots))
         }
         None => None,

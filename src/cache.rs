@@ -8,15 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::header::HeaderName;
-use http::{HeaderValue, StatusCode};
+
 use moka::Expiry;
 use moka::future::Cache;
 
 use crate::config::CacheConfig;
 use crate::key::OwnedKey;
-use crate::origin::{Fetched, OriginError};
+use crate::origin::{CachedResponse, Fetched, OriginError, Variant};
 
 /// A cache key: the route's index, the canonical key, and the values of what the route
 /// forwards to its origin (declared query parameters and headers), if any.
@@ -44,45 +42,6 @@ impl CacheKey {
             variant: None,
         })
     }
-}
-
-/// The forwarded parts of a canonical origin request, part of the cache key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Variant {
-    /// Declared query parameters, canonical (`a=1&b=2`), if any were sent.
-    pub query: Option<String>,
-    /// Declared request headers that were sent, in declared order.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-}
-
-/// A cached answer. Cloning is cheap: the body and headers are reference counted.
-#[derive(Debug, Clone)]
-pub struct CachedResponse {
-    /// Status to replay (a 2xx).
-    pub status: StatusCode,
-    /// Content type to replay, if the origin gave one.
-    pub content_type: Option<HeaderValue>,
-    /// The body.
-    pub body: Bytes,
-    /// How long this entry lives; `None`: the answer may not be stored (HTTP caching
-    /// rules), and only the requests that waited for it get it.
-    pub ttl: Option<Duration>,
-    /// `ETag` and `Last-Modified`, replayed and used to answer conditional requests.
-    pub validators: Validators,
-    /// Other end-to-end headers to replay (content encoding and language, `Vary`, and
-    /// `Cache-Control` of answers that are not stored).
-    pub headers: Option<Arc<[(HeaderName, HeaderValue)]>>,
-    /// Whether the answer may be reused for requests carrying credentials.
-    pub with_credentials: bool,
-}
-
-/// The validators of a cached answer.
-#[derive(Debug, Clone, Default)]
-pub struct Validators {
-    /// `ETag`.
-    pub etag: Option<HeaderValue>,
-    /// `Last-Modified`.
-    pub last_modified: Option<HeaderValue>,
 }
 
 /// What the cache knows about a key.

@@ -36,27 +36,16 @@
 
 pub mod admin;
 pub mod app;
-pub mod budget;
 pub mod cache;
-pub mod client;
 pub mod config;
 pub mod db;
-pub mod demo;
-pub mod error;
 pub mod filter;
-pub mod forwarded;
 pub mod gate;
-pub mod http_cache;
 pub mod key;
 pub mod metrics;
 pub mod origin;
-pub mod outcome;
-pub mod passthrough;
-pub mod proxy;
+pub mod pipeline;
 pub mod server;
-pub mod sync;
-pub mod tools;
-pub mod upstream;
 pub mod watermark;
 
 pub use app::{App, AppError, shutdown_signal};

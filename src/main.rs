@@ -7,7 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use bloomgate::config::{Config, LogFormat};
-use bloomgate::demo::{self, DemoOptions};
+mod cli;
+
+use cli::demo::{self, DemoOptions};
 use bloomgate::{App, shutdown_signal};
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
@@ -119,7 +121,7 @@ fn main() -> ExitCode {
             report(runtime().and_then(|rt| rt.block_on(serve(cfg))))
         }
         Command::Filter { command } => match command {
-            FilterCommand::Inspect { path } => report(bloomgate::tools::inspect(&path)),
+            FilterCommand::Inspect { path } => report(cli::filter::inspect(&path)),
             FilterCommand::Build {
                 config,
                 filter,
@@ -137,7 +139,7 @@ fn main() -> ExitCode {
                     &cfg.log.level,
                 );
                 report(runtime().and_then(|rt| {
-                    rt.block_on(bloomgate::tools::build(
+                    rt.block_on(cli::filter::build(
                         &cfg,
                         filter.as_deref(),
                         out.as_deref(),

@@ -11,7 +11,7 @@ use prometheus::{
 };
 
 use crate::filter::FilterStats;
-use crate::outcome::Outcome;
+use crate::pipeline::outcome::Outcome;
 
 /// Histogram buckets for request latency: from 50 µs (an intercepted request) to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[

@@ -21,7 +21,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::error::ProxyError;
+use crate::pipeline::error::ProxyError;
 
 /// Something that answers requests.
 pub trait Handler: Send + Sync + 'static {
@@ -168,7 +168,7 @@ fn refuse_long_target<B>(
     }
     let error = ProxyError::UriTooLong { len, limit };
     error.log(listener);
-    let mut resp = error.into_response().map(|b| Either::Left(Full::new(b)));
+    let mut resp = error.into_response().map(Either::Left);
     resp.headers_mut()
         .insert(CONNECTION, HeaderValue::from_static("close"));
     Some(resp)

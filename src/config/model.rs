@@ -485,15 +485,6 @@ impl RouteConfig {
     pub fn label(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.path)
     }
-
-    /// How literally the route's path matches.
-    pub fn match_options(&self) -> crate::proxy::route::MatchOptions {
-        crate::proxy::route::MatchOptions {
-            case_sensitive: self.case_sensitive,
-            strict_trailing_slash: self.strict_trailing_slash,
-            key_allows_dot: self.key_allows_dot,
-        }
-    }
 }
 
 /// Where a route's key is read from.

@@ -41,7 +41,7 @@ impl Config {
                 &self.server.outcome_header_clients,
             ),
         ] {
-            crate::client::Cidrs::parse(list)
+            crate::pipeline::client::Cidrs::parse(list)
                 .map_err(|reason| ConfigError::invalid(field, reason))?;
         }
         if self.server.outcome_header == OutcomeHeaderPolicy::Trusted
@@ -205,7 +205,7 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
-            crate::proxy::route::PathPattern::parse(&r.path, &r.key, r.match_options())
+            crate::pipeline::route::PathPattern::parse(&r.path, &r.key, crate::pipeline::route::MatchOptions::of(r))
                 .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
             validate_forwarding(r, &at)?;
             if !names.insert(r.label().to_owned()) {
@@ -285,7 +285,7 @@ impl Config {
         }
         for (i, w) in self.write_through.iter().enumerate() {
             let at = |field: &str| format!("write_through[{i}].{field}");
-            crate::proxy::route::PathPattern::parse_write(&w.path, &w.key)
+            crate::pipeline::route::PathPattern::parse_write(&w.path, &w.key)
                 .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
             if !self.filters.contains_key(&w.filter) {
                 return Err(ConfigError::invalid(

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bloomgate::App;
 use bloomgate::config::Config;
 use bloomgate::db::{Db, PoolSettings};
-use bloomgate::proxy::Proxy;
+use bloomgate::pipeline::Proxy;
 use bloomgate::server::{self, Handler, ServeOptions};
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};

@@ -2,7 +2,14 @@
 //! key → gate → cache → origin → response, each stage able to answer and stop. Every
 //! other request is passed through to the upstream. Serving sockets is `server`'s job.
 
+pub mod budget;
+pub mod client;
+pub mod error;
+pub mod forwarded;
+pub mod outcome;
+pub mod passthrough;
 pub mod path;
+pub mod response;
 pub mod route;
 pub mod write_through;
 
@@ -10,38 +17,30 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::header::{CONTENT_TYPE, ETAG, HeaderName, LAST_MODIFIED};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
-use http_body_util::{Either, Full};
+use http::header::HeaderName;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
-use crate::budget::{Allowance, Budget};
+use crate::pipeline::budget::{Allowance, Budget};
 use crate::cache::{
-    CacheKey, CachedResponse, Loaded, Lookup, Negative, ResponseCache, Validators, Variant,
+    CacheKey, Loaded, Lookup, Negative, ResponseCache,
 };
-use crate::client::{Cidrs, client_ip};
+use crate::pipeline::client::{Cidrs, client_ip};
 use crate::config::{KeySource, Normalize, OutcomeHeaderPolicy, RouteMode};
-use crate::error::ProxyError;
+use crate::pipeline::error::ProxyError;
 use crate::gate::{Gate, Verdict};
-use crate::http_cache;
+use crate::origin::http_cache;
 use crate::key::{KeyBytes, KeyError, normalize};
-use crate::key::{NormKey, OwnedKey};
+use crate::key::NormKey;
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
-use crate::origin::Origin;
-use crate::outcome::Outcome;
-use crate::passthrough;
-use crate::upstream::Upstream;
+use crate::origin::{Origin, Variant};
+use crate::pipeline::outcome::Outcome;
+use crate::origin::client::Upstream;
+pub use response::{ProxyBody, X_BLOOMGATE, error_response};
+use response::{not_found, replay};
 use route::{PathPattern, QueryRules};
 use write_through::WriteThrough;
 
-/// Response bodies: a buffer we made, or the upstream's stream passed through.
-pub type ProxyBody = Either<Full<Bytes>, Incoming>;
-
-/// The header that tells clients and tests which stage answered.
-pub const X_BLOOMGATE: HeaderName = HeaderName::from_static("x-bloomgate");
-
-const NOT_FOUND_BODY: &[u8] = br#"{"error":"not_found"}"#;
 
 /// One guarded route, compiled.
 pub struct GuardedRoute {
@@ -104,7 +103,7 @@ pub struct EdgePolicy {
 /// The data-plane handler.
 pub struct Proxy {
     routes: Vec<GuardedRoute>,
-    cache: ResponseCache,
+    cache: Arc<ResponseCache>,
     upstream: Option<Arc<Upstream>>,
     max_body: u64,
     passthrough_metrics: PassthroughMetrics,
@@ -126,7 +125,7 @@ impl Proxy {
     /// Assembles the handler from its compiled parts.
     pub fn new(
         routes: Vec<GuardedRoute>,
-        cache: ResponseCache,
+        cache: Arc<ResponseCache>,
         upstream: Option<Arc<Upstream>>,
         max_body: u64,
         passthrough_metrics: PassthroughMetrics,
@@ -180,7 +179,7 @@ impl Proxy {
             resp.headers_mut().remove(X_BLOOMGATE);
         }
         match write {
-            Some((rule, segment)) => rule.apply(self, resp, segment).await,
+            Some((rule, segment)) => rule.apply(resp, segment).await,
             None => resp,
         }
     }
@@ -474,44 +473,12 @@ impl Proxy {
         }
     }
 
-    /// Admits `keys` into `gate`: the one way a key becomes present between builds, for
-    /// sync, write-through and the admin API alike. For each key, in this order: the
-    /// filter (the live one, and the next one at its swap, see [`Gate::add_key`]), the
-    /// key's fence stripe, then its cache entries on every route the gate guards, so that
-    /// no negative entry outlives the admission (see [`Gate::fence`]). Returns how many
-    /// keys went into a loaded filter; the others are added when the first load is.
-    pub async fn admit(&self, gate: &Gate, keys: &[OwnedKey], forget: Forget) -> usize {
-        let mut loaded = 0;
-        for key in keys {
-            loaded += usize::from(gate.add_key(&key.as_norm()));
-        }
-        for r in self.routes.iter().filter(|r| r.gate.name() == gate.name()) {
-            for key in keys {
-                match forget {
-                    Forget::Absence => self.cache.invalidate_negative(r.id, key).await,
-                    Forget::Everything => self.cache.invalidate(r.id, key).await,
-                }
-            }
-        }
-        loaded
-    }
-
     /// The gate named `filter`, if a route uses it.
     pub fn gate(&self, filter: &str) -> Option<&Arc<Gate>> {
         self.routes
             .iter()
             .map(|r| &r.gate)
             .find(|g| g.name() == filter)
-    }
-
-    /// Drops cached entries (positive and negative) for a key on every route gated by
-    /// `filter` (or on every route when `filter` is `None`).
-    pub async fn invalidate(&self, filter: Option<&str>, key: &crate::key::OwnedKey) {
-        for r in &self.routes {
-            if filter.is_none_or(|f| r.gate.name() == f) {
-                self.cache.invalidate(r.id, key).await;
-            }
-        }
     }
 
     /// The response cache, for metrics and the admin plane.
@@ -527,24 +494,6 @@ struct Counting {
     failing_open: bool,
     /// A shadow route's gate called the key absent.
     shadow_absent: bool,
-}
-
-/// What an admission drops from the response cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Forget {
-    /// The key's negative entries: it exists now (sync, write-through).
-    Absence,
-    /// Every entry of the key, positive ones too (the admin API: the operator says the
-    /// key's data is new).
-    Everything,
-}
-
-fn not_found() -> Response<ProxyBody> {
-    let mut resp = Response::new(Either::Left(Full::new(Bytes::from_static(NOT_FOUND_BODY))));
-    *resp.status_mut() = StatusCode::NOT_FOUND;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    resp
 }
 
 /// Where `segment`, a slice of `path` (or an empty one from elsewhere), lies in it.
@@ -579,41 +528,3 @@ fn variant(
     Some(Arc::new(Variant { query, headers }))
 }
 
-/// The response for a cached (or just fetched) answer: 304 when the request's
-/// conditions hold for its validators, else the answer itself.
-fn replay(cached: CachedResponse, request: &HeaderMap) -> Response<ProxyBody> {
-    let Validators {
-        etag,
-        last_modified,
-    } = cached.validators;
-    let conditional = (etag.is_some() || last_modified.is_some())
-        && http_cache::not_modified(request, etag.as_ref(), last_modified.as_ref());
-    let mut resp = if conditional {
-        let mut r = Response::new(Either::Left(Full::new(Bytes::new())));
-        *r.status_mut() = StatusCode::NOT_MODIFIED;
-        r
-    } else {
-        let mut r = Response::new(Either::Left(Full::new(cached.body)));
-        *r.status_mut() = cached.status;
-        if let Some(ct) = cached.content_type {
-            r.headers_mut().insert(CONTENT_TYPE, ct);
-        }
-        r
-    };
-    let headers = resp.headers_mut();
-    if let Some(v) = etag {
-        headers.insert(ETAG, v);
-    }
-    if let Some(v) = last_modified {
-        headers.insert(LAST_MODIFIED, v);
-    }
-    for (name, value) in cached.headers.iter().flat_map(|h| h.iter()) {
-        headers.append(name.clone(), value.clone());
-    }
-    resp
-}
-
-/// Turns an error into its response (the only place that does).
-pub fn error_response(e: ProxyError) -> Response<ProxyBody> {
-    e.into_response().map(|b| Either::Left(Full::new(b)))
-}

@@ -38,6 +38,17 @@ pub struct MatchOptions {
     pub key_allows_dot: bool,
 }
 
+impl MatchOptions {
+    /// The options a configured route asks for.
+    pub fn of(route: &crate::config::RouteConfig) -> Self {
+        Self {
+            case_sensitive: route.case_sensitive,
+            strict_trailing_slash: route.strict_trailing_slash,
+            key_allows_dot: route.key_allows_dot,
+        }
+    }
+}
+
 /// A compiled path pattern such as `/api/products/{id}`.
 #[derive(Debug, Clone)]
 pub struct PathPattern {

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::app::{App, shutdown_signal};
-use crate::config::Config;
-use crate::db::{Db, PoolSettings, demo_absent_sku, demo_sku};
+use bloomgate::app::{App, shutdown_signal};
+use bloomgate::config::Config;
+use bloomgate::db::{Db, PoolSettings, demo_absent_sku, demo_sku};
 
 /// Options of the demo command.
 #[derive(Debug, Clone)]

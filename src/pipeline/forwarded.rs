@@ -9,7 +9,7 @@ use bytes::{BufMut, BytesMut};
 use http::header::{FORWARDED, HeaderName};
 use http::{HeaderMap, HeaderValue};
 
-use crate::client::{Cidrs, X_FORWARDED_FOR, canonical_ip};
+use crate::pipeline::client::{Cidrs, X_FORWARDED_FOR, canonical_ip};
 
 /// The `X-Forwarded-Proto` header name.
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

@@ -1,6 +1,6 @@
 //! Incremental sync: polls each filter's sync query every `interval` for keys changed
 //! since the watermark (timestamps reach back by the overlap; integer ids start from the
-//! lowest open gap, see `sync::gaps`) and admits them (`Proxy::admit`: the filter, the
+//! lowest open gap, see `sync::gaps`) and admits them (`Admit::admit`: the filter, the
 //! next filter a build swaps in, and the negative cache entries), so a key created after
 //! it was a false positive is served at once. It does not rebuild (see `gate::build`).
 
@@ -16,11 +16,11 @@ use crate::config::SyncConfig;
 use crate::db::Db;
 use crate::gate::{Gate, unix_now};
 use crate::key::{OwnedKey, normalize};
-use crate::proxy::{Forget, Proxy};
+use super::admit::{Admit, Forget};
 use crate::watermark::Watermark;
 
 /// Runs the sync loop of `gate` until aborted; returns at once if it has no sync.
-pub async fn run(gate: Arc<Gate>, proxy: Arc<Proxy>, db: Db) {
+pub async fn run(gate: Arc<Gate>, admit: Arc<Admit>, db: Db) {
     let Some(sync) = gate.config().sync.clone() else {
         return;
     };
@@ -35,7 +35,7 @@ pub async fn run(gate: Arc<Gate>, proxy: Arc<Proxy>, db: Db) {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
-        poll_once(&gate, &proxy, &db, &sync, &query, mark).await;
+        poll_once(&gate, &admit, &db, &sync, &query, mark).await;
         ticker.tick().await;
     }
 }
@@ -44,7 +44,7 @@ pub async fn run(gate: Arc<Gate>, proxy: Arc<Proxy>, db: Db) {
 /// since the lowest open gap below `mark` (integer ids).
 pub async fn poll_once(
     gate: &Gate,
-    proxy: &Proxy,
+    admit: &Admit,
     db: &Db,
     sync: &SyncConfig,
     query: &Arc<str>,
@@ -73,7 +73,7 @@ pub async fn poll_once(
         .await;
     match result {
         Ok(rows) => {
-            proxy.admit(gate, &added, Forget::Absence).await;
+            admit.admit(gate, &added, Forget::Absence).await;
             match mark {
                 // The gaps and the watermark move together, under one lock.
                 Watermark::Int(prev) => record_gaps(gate, prev, &mut ids, started),

@@ -3,13 +3,14 @@
 //! 5xx are logged once, with the cause, by the caller of [`ProxyError::log`].
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::RETRY_AFTER;
+use http_body_util::Full;
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::cache::LoadMiss;
 use crate::key::KeyError;
 use crate::origin::OriginError;
-use crate::upstream::UpstreamError;
+use crate::origin::client::UpstreamError;
 
 /// A request that could not be answered normally.
 #[derive(Debug, thiserror::Error)]
@@ -19,7 +20,7 @@ pub enum ProxyError {
     BadKey(#[from] KeyError),
     /// A path that cannot be normalised (a malformed escape) under a guarded route: 400.
     #[error(transparent)]
-    BadPath(#[from] crate::proxy::path::PathError),
+    BadPath(#[from] crate::pipeline::path::PathError),
     /// A spelling of a guarded path (an escaped `/`, a `\\`, `;` parameters) that an
     /// upstream could read as the guarded resource without the gate judging it: 400.
     #[error("the path is a non-canonical spelling of a guarded route")]
@@ -108,7 +109,7 @@ impl ProxyError {
 
     /// The response: the status and `{"error": code, "message": …}`. Messages of 4xx
     /// explain the problem; messages of 5xx stay generic (the cause is in the log).
-    pub fn into_response(self) -> Response<Bytes> {
+    pub fn into_response(self) -> Response<Full<Bytes>> {
         let message = match &self {
             ProxyError::BadKey(k) => k.to_string(),
             ProxyError::BodyTooLarge
@@ -124,14 +125,11 @@ impl ProxyError {
                 .to_owned(),
         };
         let body = serde_json::json!({ "error": self.as_str(), "message": message });
-        let mut resp = Response::new(Bytes::from(body.to_string()));
-        *resp.status_mut() = self.status();
+        let mut resp = super::response::json(self.status(), body.to_string());
         if let ProxyError::BudgetExhausted { retry_after_secs } = self {
             resp.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
         }
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         resp
     }
 }

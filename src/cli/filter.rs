@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::config::{Config, FilterConfig};
-use crate::db::{Db, PoolSettings};
-use crate::filter::{BloomFilter, BloomParams, snapshot};
-use crate::gate::{fill, secret_seed, start_watermark};
-use crate::sync::gaps::Gaps;
-use crate::watermark::Watermark;
+use bloomgate::config::{Config, FilterConfig};
+use bloomgate::db::{Db, PoolSettings};
+use bloomgate::filter::{BloomFilter, BloomParams, snapshot};
+use bloomgate::gate::{fill, secret_seed, start_watermark};
+use bloomgate::gate::sync::gaps::Gaps;
+use bloomgate::watermark::Watermark;
 
 /// Builds the snapshot of `filter` (or of every filter that has a `snapshot_path` when
 /// `None`) from the database, writing to `out` or the configured path.
@@ -36,7 +36,7 @@ pub async fn build(
             idle_timeout: None,
         },
     )?;
-    let selected: Vec<(&String, &crate::config::FilterConfig)> = config
+    let selected: Vec<(&String, &bloomgate::config::FilterConfig)> = config
         .filters
         .iter()
         .filter(|(name, _)| filter.is_none_or(|f| f == name.as_str()))

@@ -7,16 +7,17 @@ use std::net::SocketAddr;
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, VIA};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, Version};
-use http_body_util::{Either, Full};
+use bytes::Bytes;
+use http_body_util::Either;
 use hyper::body::Incoming;
 
-use crate::client::Cidrs;
-use crate::error::ProxyError;
-use crate::forwarded;
+use crate::pipeline::client::Cidrs;
+use crate::pipeline::error::ProxyError;
+use crate::pipeline::forwarded;
 use crate::metrics::PassthroughMetrics;
-use crate::outcome::BYPASS;
-use crate::proxy::{ProxyBody, X_BLOOMGATE, error_response};
-use crate::upstream::{self, Upstream};
+use crate::pipeline::outcome::BYPASS;
+use crate::pipeline::response::{self, ProxyBody, X_BLOOMGATE, error_response};
+use crate::origin::client::{self, Upstream};
 
 const VIA_VALUE: &str = "1.1 bloomgate";
 
@@ -81,7 +82,7 @@ async fn forward_inner(
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded(&mut parts.headers, peer, trusted);
     let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
-    let upstream_req = Request::from_parts(parts, upstream::client_body(body, limit));
+    let upstream_req = Request::from_parts(parts, client::client_body(body, limit));
     let resp = upstream.send(upstream_req).await?;
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -144,15 +145,13 @@ fn append_forwarded(headers: &mut HeaderMap, peer: SocketAddr, trusted: &Cidrs) 
 }
 
 fn no_upstream() -> Response<ProxyBody> {
-    let mut resp = Response::new(Either::Left(Full::from(
-        r#"{"error":"no_route","message":"no guarded route matches and no upstream is configured"}"#,
-    )));
-    *resp.status_mut() = http::StatusCode::NOT_FOUND;
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+    response::json(
+        http::StatusCode::NOT_FOUND,
+        Bytes::from_static(
+            br#"{"error":"no_route","message":"no guarded route matches and no upstream is configured"}"#,
+        ),
+    )
+    .map(Either::Left)
 }
 
 #[cfg(test)]
@@ -180,7 +179,7 @@ mod tests {
 
     #[test]
     fn forwarded_headers_depend_on_the_peer() {
-        use crate::client::X_FORWARDED_FOR;
+        use crate::pipeline::client::X_FORWARDED_FOR;
         let trusted = Cidrs::parse(&["127.0.0.1/32"]).expect("valid");
         let peer = SocketAddr::from(([127, 0, 0, 1], 5555));
         let mut h = HeaderMap::new();

@@ -3,6 +3,9 @@
 //! Found or NotFound; it does not cache (see `cache`) and is never reached for a key the
 //! gate refused.
 
+pub mod client;
+pub mod http_cache;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,15 +17,52 @@ use http::header::{
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Either, Empty, Limited};
 
-use crate::cache::{CachedResponse, Validators, Variant};
 use crate::db::{Db, DbError, KeyParam};
-use crate::http_cache;
 use crate::key::{KeyBytes, OwnedKey};
-use crate::proxy::route::PathPattern;
-use crate::upstream::{Upstream, UpstreamError};
+use crate::pipeline::route::PathPattern;
+use crate::origin::client::{Upstream, UpstreamError};
 
 /// Largest upstream body that will be cached; larger answers fail with 502.
 pub const MAX_CACHED_BODY: usize = 8 * 1024 * 1024;
+
+/// The forwarded parts of a canonical origin request, part of the cache key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Declared query parameters, canonical (`a=1&b=2`), if any were sent.
+    pub query: Option<String>,
+    /// Declared request headers that were sent, in declared order.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// A cached answer. Cloning is cheap: the body and headers are reference counted.
+#[derive(Debug, Clone)]
+pub struct CachedResponse {
+    /// Status to replay (a 2xx).
+    pub status: StatusCode,
+    /// Content type to replay, if the origin gave one.
+    pub content_type: Option<HeaderValue>,
+    /// The body.
+    pub body: Bytes,
+    /// How long this entry lives; `None`: the answer may not be stored (HTTP caching
+    /// rules), and only the requests that waited for it get it.
+    pub ttl: Option<Duration>,
+    /// `ETag` and `Last-Modified`, replayed and used to answer conditional requests.
+    pub validators: Validators,
+    /// Other end-to-end headers to replay (content encoding and language, `Vary`, and
+    /// `Cache-Control` of answers that are not stored).
+    pub headers: Option<Arc<[(HeaderName, HeaderValue)]>>,
+    /// Whether the answer may be reused for requests carrying credentials.
+    pub with_credentials: bool,
+}
+
+/// The validators of a cached answer.
+#[derive(Debug, Clone, Default)]
+pub struct Validators {
+    /// `ETag`.
+    pub etag: Option<HeaderValue>,
+    /// `Last-Modified`.
+    pub last_modified: Option<HeaderValue>,
+}
 
 /// What the origin said about a key.
 pub enum Fetched {

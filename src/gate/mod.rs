@@ -10,7 +10,9 @@
 //! also moves a counter of its key's stripe, which the origin lookup reads before it
 //! asks and checks after it stored a negative entry ([`Fence`]).
 
+pub mod admit;
 mod build;
+pub mod sync;
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
@@ -28,7 +30,7 @@ use crate::config::{FilterConfig, Normalize};
 use crate::filter::{BloomFilter, FilterStats};
 use crate::key::{KeyBytes, NormKey};
 use crate::metrics::FilterMetrics;
-use crate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
+use crate::gate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use crate::watermark::Watermark;
 
 /// What the gate says about a key.

@@ -16,7 +16,8 @@ use percent_encoding::percent_decode_str;
 use prometheus::IntCounter;
 
 use super::route::PathPattern;
-use super::{Forget, Proxy, ProxyBody};
+use super::ProxyBody;
+use crate::gate::admit::{Admit, Forget};
 use crate::config::{WriteKey, WriteThroughConfig};
 use crate::gate::Gate;
 use crate::key::normalize;
@@ -31,6 +32,7 @@ pub struct WriteThrough {
     statuses: Vec<StatusCode>,
     key: WriteKey,
     gate: Arc<Gate>,
+    admit: Arc<Admit>,
     added: IntCounter,
 }
 
@@ -39,6 +41,7 @@ impl WriteThrough {
     pub fn new(
         config: &WriteThroughConfig,
         gate: Arc<Gate>,
+        admit: Arc<Admit>,
         added: IntCounter,
     ) -> Result<WriteThrough, String> {
         Ok(WriteThrough {
@@ -57,6 +60,7 @@ impl WriteThrough {
                 .collect::<Result<_, _>>()?,
             key: config.key.clone(),
             gate,
+            admit,
             added,
         })
     }
@@ -73,7 +77,6 @@ impl WriteThrough {
     /// The response is returned unchanged (buffered when the key is in its JSON body).
     pub async fn apply(
         &self,
-        proxy: &Proxy,
         resp: Response<ProxyBody>,
         segment: Option<String>,
     ) -> Response<ProxyBody> {
@@ -99,7 +102,7 @@ impl WriteThrough {
         };
         match normalize(self.gate.normalize_rule(), Cow::Borrowed(raw.as_str())) {
             Ok(key) => {
-                proxy
+                self.admit
                     .admit(&self.gate, &[key.to_owned_key()], Forget::Absence)
                     .await;
                 self.added.inc();
