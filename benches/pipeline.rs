@@ -1,5 +1,5 @@
 //! The guarded pipeline in-process, without sockets: route match → key normalisation →
-//! gate → (refusal | cache hit) → response, through the same `Proxy` the server uses,
+//! filter → (refusal | cache hit) → response, through the same `Proxy` the server uses,
 //! on an embedded SQLite database. Run with `cargo bench --bench pipeline`.
 
 use std::hint::black_box;
@@ -39,7 +39,7 @@ fn pipeline(c: &mut Criterion) {
             .expect("bind");
         let proxy = app.proxy();
         proxy.routes()[0]
-            .gate
+            .filter
             .build_once(&db, RebuildReason::Startup)
             .await
             .expect("build");

@@ -15,12 +15,12 @@ use hyper::body::Incoming;
 use prometheus::{Encoder, Registry, TextEncoder};
 use serde_json::{Value, json};
 
-use crate::gate::Gate;
+use crate::gate::Filter;
+use crate::gate::admit::{Admit, Forget};
 use crate::key::normalize;
 use crate::metrics::Metrics;
-use crate::pipeline::response;
-use crate::gate::admit::{Admit, Forget};
 use crate::pipeline::Proxy;
+use crate::pipeline::response;
 use crate::server::Handler;
 
 /// Largest admin request body (key uploads).
@@ -29,7 +29,7 @@ const MAX_ADMIN_BODY: usize = 64 * 1024 * 1024;
 /// What the admin plane needs to see and steer.
 pub struct Admin {
     /// Filters by name.
-    pub gates: BTreeMap<String, Arc<Gate>>,
+    pub filters: BTreeMap<String, Arc<Filter>>,
     /// The data-plane handler (for cache invalidation and cache sizes).
     pub proxy: Arc<Proxy>,
     /// The admission path (adds keys, invalidates entries).
@@ -59,7 +59,7 @@ impl Handler for Admin {
                 if let Err(refusal) = self.authorize(&req) {
                     return refusal.into_response();
                 }
-                let Some(gate) = self.gates.get(*name).cloned() else {
+                let Some(filter) = self.filters.get(*name).cloned() else {
                     return error(
                         StatusCode::NOT_FOUND,
                         "no_such_filter",
@@ -68,13 +68,13 @@ impl Handler for Admin {
                 };
                 match *action {
                     "rebuild" => {
-                        gate.request_rebuild(crate::gate::RebuildReason::Requested);
+                        filter.request_rebuild(crate::gate::RebuildReason::Requested);
                         json_response(
                             StatusCode::ACCEPTED,
-                            &json!({"filter": gate.name(), "rebuild": "requested"}),
+                            &json!({"filter": filter.name(), "rebuild": "requested"}),
                         )
                     }
-                    "keys" => self.add_keys(&gate, req).await,
+                    "keys" => self.add_keys(&filter, req).await,
                     _ => error(StatusCode::NOT_FOUND, "not_found", "unknown admin path"),
                 }
             }
@@ -96,11 +96,11 @@ impl Handler for Admin {
 
 impl Admin {
     async fn metrics_text(&self) -> Response<Full<Bytes>> {
-        for gate in self.gates.values() {
-            gate.publish_metrics();
+        for filter in self.filters.values() {
+            filter.publish_metrics();
         }
         let cache = self.proxy.cache();
-        cache.sync().await;
+        cache.run_pending_maintenance().await;
         let (positive, negative) = cache.entry_counts();
         self.metrics.set_cache_entries(positive, negative);
         let mut buf = Vec::with_capacity(16 * 1024);
@@ -122,7 +122,7 @@ impl Admin {
 
     fn readyz(&self) -> Response<Full<Bytes>> {
         let waiting: Vec<&str> = self
-            .gates
+            .filters
             .values()
             .filter(|g| !g.is_ready())
             .map(|g| g.name())
@@ -139,7 +139,7 @@ impl Admin {
 
     fn filters_json(&self) -> Value {
         let filters: Vec<Value> = self
-            .gates
+            .filters
             .values()
             .map(|g| {
                 let cfg = g.config();
@@ -190,14 +190,14 @@ impl Admin {
         }
     }
 
-    async fn add_keys(&self, gate: &Gate, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn add_keys(&self, filter: &Filter, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let raw = match read_keys(req).await {
             Ok(keys) => keys,
             Err(refusal) => return refusal.into_response(),
         };
         let mut keys = Vec::with_capacity(raw.len());
         let mut invalid = Vec::new();
-        let rule = gate.normalize_rule().clone();
+        let rule = filter.normalize_rule().clone();
         for raw_key in &raw {
             match normalize(&rule, Cow::Borrowed(raw_key.as_str())) {
                 Ok(key) => keys.push(key.to_owned_key()),
@@ -206,10 +206,10 @@ impl Admin {
         }
         // Before the first load there is no filter to add to: the keys are kept and go
         // into the first filter swapped in, whatever its source holds.
-        let added = self.admit.admit(gate, &keys, Forget::Everything).await as u64;
+        let added = self.admit.admit(filter, &keys, Forget::Everything).await as u64;
         let pending = keys.len() as u64 - added;
         tracing::info!(
-            filter = gate.name(),
+            filter = filter.name(),
             added,
             pending,
             invalid = invalid.len(),
@@ -217,7 +217,7 @@ impl Admin {
         );
         json_response(
             StatusCode::OK,
-            &json!({"filter": gate.name(), "added": added, "not_loaded_yet": pending, "invalid": invalid}),
+            &json!({"filter": filter.name(), "added": added, "not_loaded_yet": pending, "invalid": invalid}),
         )
     }
 
@@ -228,10 +228,11 @@ impl Admin {
         };
         let mut dropped = 0u64;
         for raw_key in &raw {
-            for gate in self.gates.values() {
-                if let Ok(key) = normalize(gate.normalize_rule(), Cow::Borrowed(raw_key.as_str())) {
+            for filter in self.filters.values() {
+                if let Ok(key) = normalize(filter.normalize_rule(), Cow::Borrowed(raw_key.as_str()))
+                {
                     self.admit
-                        .invalidate(Some(gate.name()), &key.to_owned_key())
+                        .invalidate(Some(filter.name()), &key.to_owned_key())
                         .await;
                     dropped += 1;
                 }

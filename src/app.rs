@@ -15,20 +15,20 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::Admin;
-use crate::pipeline::budget::Budget;
 use crate::cache::ResponseCache;
-use crate::pipeline::client::Cidrs;
 use crate::config::{Config, KeySource, OriginConfig, UndeclaredQuery};
 use crate::db::{Db, PoolSettings};
-use crate::gate::Gate;
+use crate::gate::Filter;
 use crate::gate::admit::Admit;
 use crate::metrics::Metrics;
+use crate::origin::client::Upstream;
 use crate::origin::{Origin, UpstreamOrigin};
+use crate::pipeline::budget::Budget;
+use crate::pipeline::client::Cidrs;
 use crate::pipeline::route::{MatchOptions, PathPattern, QueryRules};
 use crate::pipeline::write_through::WriteThrough;
 use crate::pipeline::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
 use crate::server::{self, Handler, ServeOptions};
-use crate::origin::client::Upstream;
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +69,7 @@ pub struct App {
     proxy: Arc<Proxy>,
     admit: Arc<Admit>,
     admin_handler: Arc<Admin>,
-    gates: Vec<Arc<Gate>>,
+    filters: Vec<Arc<Filter>>,
     db: Option<Db>,
 }
 
@@ -113,14 +113,14 @@ impl App {
             Some(u) => Some(Arc::new(Upstream::new(u)?)),
             None => None,
         };
-        let gates: BTreeMap<String, Arc<Gate>> = config
+        let filters: BTreeMap<String, Arc<Filter>> = config
             .filters
             .iter()
             .map(|(name, f)| {
                 let sync_interval = f.sync.as_ref().map(|s| s.interval);
                 let handles = metrics.filter(name, f.false_positive_rate, sync_interval);
-                let gate = Gate::new(name, f.clone(), handles);
-                (name.clone(), Arc::new(gate))
+                let filter = Filter::new(name, f.clone(), handles);
+                (name.clone(), Arc::new(filter))
             })
             .collect();
 
@@ -131,8 +131,9 @@ impl App {
                 route: label.clone(),
                 reason,
             };
-            let pattern = PathPattern::parse(&r.path, &r.key, MatchOptions::of(r)).map_err(&fail)?;
-            let gate = gates
+            let pattern =
+                PathPattern::parse(&r.path, &r.key, MatchOptions::of(r)).map_err(&fail)?;
+            let filter = filters
                 .get(&r.filter)
                 .cloned()
                 .ok_or_else(|| fail(format!("no filter `{}`", r.filter)))?;
@@ -180,7 +181,7 @@ impl App {
                 label: Arc::from(label.as_str()),
                 pattern,
                 normalize: config.route_normalize(r),
-                gate,
+                filter,
                 origin,
                 negative_ttl: r.negative_ttl.unwrap_or(config.cache.negative_ttl),
                 metrics: metrics.route(&label, &r.filter, r.mode.as_str()),
@@ -205,7 +206,7 @@ impl App {
             Arc::clone(&cache),
             routes
                 .iter()
-                .map(|r| (Arc::from(r.gate.name()), r.id))
+                .map(|r| (Arc::from(r.filter.name()), r.id))
                 .collect(),
         ));
         let mut write_through = Vec::with_capacity(config.write_through.len());
@@ -214,12 +215,13 @@ impl App {
                 route: format!("write_through[{i}]"),
                 reason,
             };
-            let gate = gates
+            let filter = filters
                 .get(&w.filter)
                 .cloned()
                 .ok_or_else(|| fail(format!("no filter `{}`", w.filter)))?;
             let added = metrics.write_through(&w.filter);
-            write_through.push(WriteThrough::new(w, gate, Arc::clone(&admit), added).map_err(fail)?);
+            write_through
+                .push(WriteThrough::new(w, filter, Arc::clone(&admit), added).map_err(fail)?);
         }
 
         let proxy = Arc::new(Proxy::new(
@@ -232,7 +234,7 @@ impl App {
             edge_policy(&config, &registry)?,
         ));
         let admin_handler = Arc::new(Admin {
-            gates: gates.clone(),
+            filters: filters.clone(),
             proxy: Arc::clone(&proxy),
             admit: Arc::clone(&admit),
             registry,
@@ -248,7 +250,7 @@ impl App {
             proxy,
             admit,
             admin_handler,
-            gates: gates.into_values().collect(),
+            filters: filters.into_values().collect(),
             db,
         })
     }
@@ -280,17 +282,17 @@ impl App {
         };
         let mut loaders = Vec::new();
         if let Some(db) = &self.db {
-            for gate in &self.gates {
-                loaders.push(tokio::spawn(Arc::clone(gate).run_loader(db.clone())));
+            for filter in &self.filters {
+                loaders.push(tokio::spawn(Arc::clone(filter).run_loader(db.clone())));
                 loaders.push(tokio::spawn(crate::gate::sync::run(
-                    Arc::clone(gate),
+                    Arc::clone(filter),
                     Arc::clone(&self.admit),
                     db.clone(),
                 )));
             }
         }
         tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),
-            routes = self.proxy.routes().len(), filters = self.gates.len(), "bloomgate listening");
+            routes = self.proxy.routes().len(), filters = self.filters.len(), "bloomgate listening");
         let data = tokio::spawn(server::serve(
             self.data,
             Arc::new(DataPlane(Arc::clone(&self.proxy))),

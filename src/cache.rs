@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-
 use moka::Expiry;
 use moka::future::Cache;
 
@@ -60,7 +59,7 @@ pub struct Negative<'a> {
     /// How long the negative entry lives.
     pub ttl: Duration,
     /// Checked after the entry is stored: false when the key was admitted since the
-    /// lookup began, and the entry must go (see `gate::Gate::fence`).
+    /// lookup began, and the entry must go (see `gate::Filter::fence`).
     pub still_absent: &'a (dyn Fn() -> bool + Sync),
 }
 
@@ -298,7 +297,7 @@ impl ResponseCache {
     }
 
     /// Applies moka's pending maintenance so counts are current (used before reporting).
-    pub async fn sync(&self) {
+    pub async fn run_pending_maintenance(&self) {
         self.positive.run_pending_tasks().await;
         self.negative.run_pending_tasks().await;
     }

@@ -9,9 +9,9 @@ use anyhow::Context;
 use bloomgate::config::{Config, LogFormat};
 mod cli;
 
-use cli::demo::{self, DemoOptions};
 use bloomgate::{App, shutdown_signal};
 use clap::{Parser, Subcommand, ValueEnum};
+use cli::demo::{self, DemoOptions};
 use tracing_subscriber::EnvFilter;
 
 /// A caching reverse proxy with a Bloom gate against cache penetration.
@@ -139,11 +139,7 @@ fn main() -> ExitCode {
                     &cfg.log.level,
                 );
                 report(runtime().and_then(|rt| {
-                    rt.block_on(cli::filter::build(
-                        &cfg,
-                        filter.as_deref(),
-                        out.as_deref(),
-                    ))
+                    rt.block_on(cli::filter::build(&cfg, filter.as_deref(), out.as_deref()))
                 }))
             }
         },

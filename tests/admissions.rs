@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
-use bloomgate::gate::{BuildHook, BuildPhase, Gate, Verdict};
+use bloomgate::gate::{BuildHook, BuildPhase, Filter, Verdict};
 use bloomgate::key::{KeyBytes, OwnedKey};
 use bytes::Bytes;
 use http::Method;
@@ -50,9 +50,9 @@ struct Held {
     go: oneshot::Sender<()>,
 }
 
-/// Installs a hook that stops every build of `gate` at each phase until the test lets
+/// Installs a hook that stops every build of `filter` at each phase until the test lets
 /// it go on.
-fn hold_builds(gate: &Gate) -> mpsc::UnboundedReceiver<Held> {
+fn hold_builds(filter: &Filter) -> mpsc::UnboundedReceiver<Held> {
     let (tx, rx) = mpsc::unbounded_channel();
     let hook: BuildHook = Arc::new(move |phase| {
         let tx = tx.clone();
@@ -63,7 +63,7 @@ fn hold_builds(gate: &Gate) -> mpsc::UnboundedReceiver<Held> {
             }
         })
     });
-    gate.set_build_hook(Some(hook));
+    filter.set_build_hook(Some(hook));
     rx
 }
 
@@ -74,10 +74,10 @@ async fn next_phase(rx: &mut mpsc::UnboundedReceiver<Held>) -> Held {
         .expect("hook alive")
 }
 
-fn verdict(gate: &Gate, key: u64) -> Verdict {
+fn verdict(filter: &Filter, key: u64) -> Verdict {
     let owned = OwnedKey::Int(key);
     let mut bytes = KeyBytes::new();
-    gate.check(bytes.of(&owned.as_norm()))
+    filter.check(bytes.of(&owned.as_norm()))
 }
 
 /// Admits `keys` through the admin API; returns how many went into a loaded filter.
@@ -95,12 +95,12 @@ fn absent(from: u64, n: u64) -> Vec<u64> {
     (from..from + n).map(demo_absent_sku).collect()
 }
 
-/// Every key is let through by the gate and not answered `intercepted` over HTTP.
-async fn all_present(proxy: &TestProxy, gate: &Gate, what: &str, keys: &[u64]) {
+/// Every key is let through by the filter and not answered `intercepted` over HTTP.
+async fn all_present(proxy: &TestProxy, filter: &Filter, what: &str, keys: &[u64]) {
     let lost: Vec<u64> = keys
         .iter()
         .copied()
-        .filter(|k| verdict(gate, *k) != Verdict::MaybePresent)
+        .filter(|k| verdict(filter, *k) != Verdict::MaybePresent)
         .collect();
     assert!(
         lost.is_empty(),
@@ -120,8 +120,8 @@ async fn keys_admitted_in_every_phase_of_a_rebuild_are_in_the_filter_it_swaps_in
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 2_000).await;
     let proxy = TestProxy::spawn_ready(&config(&db.url, "")).await;
-    let gate = Arc::clone(proxy.proxy.gate("products").expect("gate"));
-    let mut phases = hold_builds(&gate);
+    let filter = Arc::clone(proxy.proxy.filter("products").expect("filter"));
+    let mut phases = hold_builds(&filter);
 
     // Admitted before the rebuild begins; the source does not list them either.
     let before = absent(10_000, 200);
@@ -147,7 +147,7 @@ async fn keys_admitted_in_every_phase_of_a_rebuild_are_in_the_filter_it_swaps_in
         from += 1_000;
         assert_eq!(admit(&proxy, &keys).await, 200);
         for k in &keys {
-            assert_eq!(verdict(&gate, *k), Verdict::MaybePresent, "{expected:?}");
+            assert_eq!(verdict(&filter, *k), Verdict::MaybePresent, "{expected:?}");
         }
         admitted.extend(keys);
         let _ = held.go.send(());
@@ -155,9 +155,9 @@ async fn keys_admitted_in_every_phase_of_a_rebuild_are_in_the_filter_it_swaps_in
     // The moment the new filter serves, before anything else can add a key again.
     let held = next_phase(&mut phases).await;
     assert_eq!(held.phase, BuildPhase::Swapped);
-    all_present(&proxy, &gate, "at the swap", &admitted).await;
+    all_present(&proxy, &filter, "at the swap", &admitted).await;
     let present: Vec<u64> = (0..2_000).step_by(7).map(demo_sku).collect();
-    all_present(&proxy, &gate, "source keys", &present).await;
+    all_present(&proxy, &filter, "source keys", &present).await;
     let _ = held.go.send(());
 
     // The source lists none of them, so they are carried into the next build too.
@@ -167,7 +167,7 @@ async fn keys_admitted_in_every_phase_of_a_rebuild_are_in_the_filter_it_swaps_in
             .await,
         admitted.len() as f64
     );
-    gate.set_build_hook(None);
+    filter.set_build_hook(None);
     let r = proxy
         .admin_post("/admin/filters/products/rebuild", Some(TOKEN), "")
         .await;
@@ -177,7 +177,7 @@ async fn keys_admitted_in_every_phase_of_a_rebuild_are_in_the_filter_it_swaps_in
             && f["filters"][0]["last_load"]["reason"] == "requested"
     };
     wait_for_build(&proxy, 2, finished).await;
-    all_present(&proxy, &gate, "after a second rebuild", &admitted).await;
+    all_present(&proxy, &filter, "after a second rebuild", &admitted).await;
 
     // Once the source lists a key, a build confirms it and stops carrying it.
     db.insert_products(&before).await;
@@ -186,7 +186,7 @@ async fn keys_admitted_in_every_phase_of_a_rebuild_are_in_the_filter_it_swaps_in
         .await;
     assert_eq!(r.status.as_u16(), 202);
     wait_for_build(&proxy, 3, finished).await;
-    all_present(&proxy, &gate, "after the source caught up", &admitted).await;
+    all_present(&proxy, &filter, "after the source caught up", &admitted).await;
     assert_eq!(
         proxy
             .metric("bloomgate_filter_unconfirmed_keys{filter=\"products\"}")
@@ -233,8 +233,8 @@ async fn keys_admitted_before_the_first_filter_loads_are_in_it() {
         .await
         .expect("create the source");
     proxy.wait_ready(Duration::from_secs(60)).await;
-    let gate = Arc::clone(proxy.proxy.gate("products").expect("gate"));
-    all_present(&proxy, &gate, "first load", &early).await;
+    let filter = Arc::clone(proxy.proxy.filter("products").expect("filter"));
+    all_present(&proxy, &filter, "first load", &early).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,11 +269,11 @@ key = {{ json = "sku_id" }}
         url = db.url
     );
     let proxy = TestProxy::spawn_ready(&toml).await;
-    let gate = Arc::clone(proxy.proxy.gate("products").expect("gate"));
-    // A key the gate lets through (one of its false positives) that the upstream lacks.
+    let filter = Arc::clone(proxy.proxy.filter("products").expect("filter"));
+    // A key the filter lets through (one of its false positives) that the upstream lacks.
     let key = (0..10_000)
         .map(demo_absent_sku)
-        .find(|k| verdict(&gate, *k) == Verdict::MaybePresent)
+        .find(|k| verdict(&filter, *k) == Verdict::MaybePresent)
         .expect("a false positive at p = 0.5");
 
     // The upstream decides "not found" and is held there.
@@ -313,7 +313,7 @@ key = {{ json = "sku_id" }}
     let other = (0..10_000)
         .map(demo_absent_sku)
         .filter(|k| *k != key)
-        .find(|k| verdict(&gate, *k) == Verdict::MaybePresent)
+        .find(|k| verdict(&filter, *k) == Verdict::MaybePresent)
         .expect("another false positive");
     assert_eq!(
         proxy.get(&format!("/api/products/{other}")).await.stage(),

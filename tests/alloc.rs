@@ -1,4 +1,4 @@
-//! Heap allocations on the hot path, counted by a global allocator: a request the gate
+//! Heap allocations on the hot path, counted by a global allocator: a request the filter
 //! refuses allocates nothing beyond building the response itself (a header map), which
 //! any HTTP server pays. Runs against an embedded SQLite database, no sockets.
 
@@ -91,12 +91,12 @@ origin = {{ kind = "sql", query = "SELECT sku_id, name FROM products WHERE sku_i
         .expect("bind");
     let proxy = app.proxy();
     proxy.routes()[0]
-        .gate
+        .filter
         .build_once(&db, RebuildReason::Startup)
         .await
         .expect("build");
 
-    // An absent key the gate refuses (skip the rare false positives).
+    // An absent key the filter refuses (skip the rare false positives).
     let uri: Uri = (0..100)
         .map(|i| format!("/api/products/{}", demo_absent_sku(i)))
         .find(|u| {

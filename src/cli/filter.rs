@@ -12,8 +12,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use bloomgate::config::{Config, FilterConfig};
 use bloomgate::db::{Db, PoolSettings};
 use bloomgate::filter::{BloomFilter, BloomParams, snapshot};
-use bloomgate::gate::{fill, secret_seed, start_watermark};
 use bloomgate::gate::sync::gaps::Gaps;
+use bloomgate::gate::{fill, secret_seed, start_watermark};
 use bloomgate::watermark::Watermark;
 
 /// Builds the snapshot of `filter` (or of every filter that has a `snapshot_path` when

@@ -205,8 +205,12 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
-            crate::pipeline::route::PathPattern::parse(&r.path, &r.key, crate::pipeline::route::MatchOptions::of(r))
-                .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
+            crate::pipeline::route::PathPattern::parse(
+                &r.path,
+                &r.key,
+                crate::pipeline::route::MatchOptions::of(r),
+            )
+            .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
             validate_forwarding(r, &at)?;
             if !names.insert(r.label().to_owned()) {
                 return Err(ConfigError::invalid(

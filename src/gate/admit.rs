@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::Gate;
+use super::Filter;
 use crate::cache::ResponseCache;
 use crate::key::OwnedKey;
 
@@ -32,25 +32,25 @@ impl Admit {
         Admit { cache, routes }
     }
 
-    /// The route ids guarded by `filter` (every route when `None`).
-    fn routes_of<'a>(&'a self, filter: Option<&'a str>) -> impl Iterator<Item = u16> + 'a {
+    /// The route ids guarded by the filter `name` (every route when `None`).
+    fn routes_of<'a>(&'a self, name: Option<&'a str>) -> impl Iterator<Item = u16> + 'a {
         self.routes
             .iter()
-            .filter(move |(name, _)| filter.is_none_or(|f| &**name == f))
+            .filter(move |(route_filter, _)| name.is_none_or(|n| &**route_filter == n))
             .map(|(_, id)| *id)
     }
 
-    /// Admits `keys` into `gate`. For each key, in this order: the filter (the live one,
-    /// and the next one at its swap, see [`Gate::add_key`]), the key's fence stripe, then
-    /// its cache entries on every route the gate guards, so that no negative entry
-    /// outlives the admission (see [`Gate::fence`]). Returns how many keys went into a
+    /// Admits `keys` into `filter`. For each key, in this order: the filter (the live one,
+    /// and the next one at its swap, see [`Filter::add_key`]), the key's fence stripe, then
+    /// its cache entries on every route the filter guards, so that no negative entry
+    /// outlives the admission (see [`Filter::fence`]). Returns how many keys went into a
     /// loaded filter; the others are added when the first load is.
-    pub async fn admit(&self, gate: &Gate, keys: &[OwnedKey], forget: Forget) -> usize {
+    pub async fn admit(&self, filter: &Filter, keys: &[OwnedKey], forget: Forget) -> usize {
         let mut loaded = 0;
         for key in keys {
-            loaded += usize::from(gate.add_key(&key.as_norm()));
+            loaded += usize::from(filter.add_key(&key.as_norm()));
         }
-        for route in self.routes_of(Some(gate.name())) {
+        for route in self.routes_of(Some(filter.name())) {
             for key in keys {
                 match forget {
                     Forget::Absence => self.cache.invalidate_negative(route, key).await,
@@ -62,9 +62,9 @@ impl Admit {
     }
 
     /// Drops cached entries (positive and negative) for a key on every route guarded by
-    /// `filter` (or on every route when `filter` is `None`), leaving the filter as it is.
-    pub async fn invalidate(&self, filter: Option<&str>, key: &OwnedKey) {
-        for route in self.routes_of(filter) {
+    /// the filter `name` (or on every route when `name` is `None`), leaving the filter as it is.
+    pub async fn invalidate(&self, name: Option<&str>, key: &OwnedKey) {
+        for route in self.routes_of(name) {
             self.cache.invalidate(route, key).await;
         }
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rand::TryRngCore;
 
-use super::{BuildPhase, Gate, LoadStatus, RebuildReason, lock, unix_now};
+use super::{BuildPhase, Filter, LoadStatus, RebuildReason, lock, unix_now};
 use crate::config::{FilterConfig, Normalize, WatermarkKind};
 use crate::db::Db;
 use crate::filter::snapshot;
@@ -37,7 +37,7 @@ pub enum LoadError {
 /// A source this much larger than capacity sizes the filter from the count.
 const HEADROOM: f64 = 1.25;
 
-impl Gate {
+impl Filter {
     /// Runs until aborted: warm start from the snapshot if there is a good one, otherwise
     /// a full build retried with exponential backoff while the source is unavailable
     /// (requests fail open meanwhile); then rebuilds on request, on schedule and when

@@ -28,9 +28,9 @@ pub use build::{LoadError, fill, secret_seed, start_watermark};
 
 use crate::config::{FilterConfig, Normalize};
 use crate::filter::{BloomFilter, FilterStats};
+use crate::gate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use crate::key::{KeyBytes, NormKey};
 use crate::metrics::FilterMetrics;
-use crate::gate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use crate::watermark::Watermark;
 
 /// What the gate says about a key.
@@ -116,17 +116,17 @@ pub type BuildHook = Arc<
 >;
 
 /// One named filter and its lifecycle.
-pub struct Gate {
+pub struct Filter {
     name: Arc<str>,
     config: FilterConfig,
     source_query: Arc<str>,
-    /// The filter that answers [`Gate::check`]; `None` until the first load completes.
+    /// The filter that answers [`Filter::check`]; `None` until the first load completes.
     live: ArcSwapOption<BloomFilter>,
     /// Admitted keys that no build has confirmed yet. Its lock serialises admissions
     /// against the swap of a build (never taken by `check`): a key is either admitted
     /// before the swap, and replayed into the new filter, or after it, into the new one.
     admissions: Mutex<Admissions>,
-    /// Admission counters by key stripe, for [`Gate::fence`].
+    /// Admission counters by key stripe, for [`Filter::fence`].
     stripes: Box<[AtomicU64]>,
     /// Keyed randomly at start: which keys share a stripe is not predictable.
     stripe_hasher: std::collections::hash_map::RandomState,
@@ -142,19 +142,19 @@ pub struct Gate {
     rebuild_reason: Mutex<RebuildReason>,
     /// How far incremental sync has read, and what it skipped over.
     watermark: Mutex<SyncPosition>,
-    /// See [`Gate::set_build_hook`].
+    /// See [`Filter::set_build_hook`].
     build_hook: Mutex<Option<BuildHook>>,
     status: Mutex<LoadStatus>,
     metrics: FilterMetrics,
 }
 
-impl Gate {
+impl Filter {
     /// A gate with no filter loaded (it fails open until its loader succeeds).
-    pub fn new(name: &str, config: FilterConfig, metrics: FilterMetrics) -> Gate {
+    pub fn new(name: &str, config: FilterConfig, metrics: FilterMetrics) -> Filter {
         metrics.set_ready(false);
         let source_query = Arc::from(config.source_query.as_str());
         let position = SyncPosition::new(&config);
-        Gate {
+        Filter {
             name: Arc::from(name),
             target_capacity: AtomicU64::new(config.expected_items),
             config,
@@ -419,7 +419,7 @@ impl SyncPosition {
 /// entry that is not kept.
 const FENCE_STRIPES: usize = 1024;
 
-/// Proof that no key of a stripe was admitted since it was taken; see [`Gate::fence`].
+/// Proof that no key of a stripe was admitted since it was taken; see [`Filter::fence`].
 pub struct Fence<'g> {
     cell: &'g AtomicU64,
     seen: u64,

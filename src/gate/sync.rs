@@ -12,16 +12,16 @@ use std::time::Instant;
 
 use tokio::time::MissedTickBehavior;
 
+use super::admit::{Admit, Forget};
 use crate::config::SyncConfig;
 use crate::db::Db;
-use crate::gate::{Gate, unix_now};
+use crate::gate::{Filter, unix_now};
 use crate::key::{OwnedKey, normalize};
-use super::admit::{Admit, Forget};
 use crate::watermark::Watermark;
 
-/// Runs the sync loop of `gate` until aborted; returns at once if it has no sync.
-pub async fn run(gate: Arc<Gate>, admit: Arc<Admit>, db: Db) {
-    let Some(sync) = gate.config().sync.clone() else {
+/// Runs the sync loop of `filter` until aborted; returns at once if it has no sync.
+pub async fn run(filter: Arc<Filter>, admit: Arc<Admit>, db: Db) {
+    let Some(sync) = filter.config().sync.clone() else {
         return;
     };
     let query: Arc<str> = Arc::from(sync.query.as_str());
@@ -31,11 +31,11 @@ pub async fn run(gate: Arc<Gate>, admit: Arc<Admit>, db: Db) {
     loop {
         // Before the first build there is nothing to add to, and no watermark: wait for
         // it, then poll at once (after a warm start, that catches up on the snapshot).
-        let Some(mark) = gate.watermark().filter(|_| gate.is_ready()) else {
+        let Some(mark) = filter.watermark().filter(|_| filter.is_ready()) else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
-        poll_once(&gate, &admit, &db, &sync, &query, mark).await;
+        poll_once(&filter, &admit, &db, &sync, &query, mark).await;
         ticker.tick().await;
     }
 }
@@ -43,15 +43,15 @@ pub async fn run(gate: Arc<Gate>, admit: Arc<Admit>, db: Db) {
 /// One poll: applies every key changed since `mark` minus the overlap (timestamps), or
 /// since the lowest open gap below `mark` (integer ids).
 pub async fn poll_once(
-    gate: &Gate,
+    filter: &Filter,
     admit: &Admit,
     db: &Db,
     sync: &SyncConfig,
     query: &Arc<str>,
     mark: Watermark,
 ) {
-    let since = start_point(gate, mark, sync);
-    let rule = gate.normalize_rule().clone();
+    let since = start_point(filter, mark, sync);
+    let rule = filter.normalize_rule().clone();
     let mut added: Vec<OwnedKey> = Vec::new();
     let mut newest: Option<Watermark> = None;
     let mut ids: Vec<i64> = Vec::new();
@@ -73,62 +73,64 @@ pub async fn poll_once(
         .await;
     match result {
         Ok(rows) => {
-            admit.admit(gate, &added, Forget::Absence).await;
+            admit.admit(filter, &added, Forget::Absence).await;
             match mark {
                 // The gaps and the watermark move together, under one lock.
-                Watermark::Int(prev) => record_gaps(gate, prev, &mut ids, started),
+                Watermark::Int(prev) => record_gaps(filter, prev, &mut ids, started),
                 Watermark::TimeMicros(_) => {
                     if let Some(w) = newest {
-                        gate.advance_watermark(w);
+                        filter.advance_watermark(w);
                     }
                 }
             }
-            if let Some(Watermark::TimeMicros(us)) = gate.watermark() {
+            if let Some(Watermark::TimeMicros(us)) = filter.watermark() {
                 let lag = (unix_now() - us as f64 / 1e6).max(0.0);
-                gate.metrics().set_sync_lag(lag);
+                filter.metrics().set_sync_lag(lag);
             }
-            gate.metrics().record_sync(true, rows, unix_now());
+            filter.metrics().record_sync(true, rows, unix_now());
             if bad > 0 {
                 tracing::warn!(
-                    filter = gate.name(),
+                    filter = filter.name(),
                     skipped = bad,
                     "sync rows had keys that failed normalisation"
                 );
             }
-            tracing::debug!(filter = gate.name(), rows, since = %since,
-                open_gaps = gate.sync_open_gaps(), "sync poll applied");
+            tracing::debug!(filter = filter.name(), rows, since = %since,
+                open_gaps = filter.sync_open_gaps(), "sync poll applied");
         }
         Err(e) => {
-            gate.metrics().record_sync(false, 0, unix_now());
-            tracing::warn!(filter = gate.name(), error = %e, "sync poll failed; retrying next interval");
+            filter.metrics().record_sync(false, 0, unix_now());
+            tracing::warn!(filter = filter.name(), error = %e, "sync poll failed; retrying next interval");
         }
     }
 }
 
-/// Where the next poll of `gate` starts; `None` without sync or before the first build.
-pub fn next_start(gate: &Gate) -> Option<Watermark> {
-    let sync = gate.config().sync.as_ref()?;
-    gate.watermark().map(|mark| start_point(gate, mark, sync))
+/// Where the next poll of `filter` starts; `None` without sync or before the first build.
+pub fn next_start(filter: &Filter) -> Option<Watermark> {
+    let sync = filter.config().sync.as_ref()?;
+    filter
+        .watermark()
+        .map(|mark| start_point(filter, mark, sync))
 }
 
 /// The watermark a poll starts from: `mark` minus the configured overlap (timestamps),
 /// or the lowest open gap if that is below `mark` (integer ids; the query's `>=` reads
 /// the gaps again).
-fn start_point(gate: &Gate, mark: Watermark, sync: &SyncConfig) -> Watermark {
+fn start_point(filter: &Filter, mark: Watermark, sync: &SyncConfig) -> Watermark {
     match mark {
         Watermark::TimeMicros(us) => {
             let overlap = i64::try_from(sync.overlap.as_micros()).unwrap_or(i64::MAX);
             Watermark::TimeMicros(us.saturating_sub(overlap))
         }
-        Watermark::Int(_) => gate.sync_poll_start(mark),
+        Watermark::Int(_) => filter.sync_poll_start(mark),
     }
 }
 
 /// Updates the gaps of an integer-watermark poll that started from `prev` and read
 /// `ids`; logs and counts the gaps it gave up.
-fn record_gaps(gate: &Gate, prev: i64, ids: &mut Vec<i64>, started: Instant) {
-    let report = gate.record_poll_ids(prev, ids, started);
-    let name = gate.name();
+fn record_gaps(filter: &Filter, prev: i64, ids: &mut Vec<i64>, started: Instant) {
+    let report = filter.record_poll_ids(prev, ids, started);
+    let name = filter.name();
     if !report.expired.is_empty() {
         for r in &report.expired {
             tracing::debug!(
@@ -148,7 +150,7 @@ fn record_gaps(gate: &Gate, prev: i64, ids: &mut Vec<i64>, started: Instant) {
             lowest = report.expired.iter().map(|r| r.first).min(),
             "sync gaps expired: no row appeared for these ids within gap_timeout; they are no longer read again"
         );
-        gate.metrics().sync_gaps_expired(report.expired.len());
+        filter.metrics().sync_gaps_expired(report.expired.len());
     }
     if !report.dropped.is_empty() {
         let ids = gaps::total_ids(&report.dropped);
@@ -159,14 +161,14 @@ fn record_gaps(gate: &Gate, prev: i64, ids: &mut Vec<i64>, started: Instant) {
             cap = gaps::MAX_OPEN_RANGES,
             "too many open sync gaps; dropped the oldest, whose rows are no longer read again if they commit late"
         );
-        gate.metrics().sync_gaps_dropped(report.dropped.len());
+        filter.metrics().sync_gaps_dropped(report.dropped.len());
     }
     if report.opened > 0 || report.closed > 0 {
         tracing::debug!(
             filter = name,
             opened = report.opened,
             closed = report.closed,
-            open = gate.sync_open_gaps(),
+            open = filter.sync_open_gaps(),
             "sync gaps updated"
         );
     }

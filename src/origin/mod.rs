@@ -19,8 +19,8 @@ use http_body_util::{BodyExt, Either, Empty, Limited};
 
 use crate::db::{Db, DbError, KeyParam};
 use crate::key::{KeyBytes, OwnedKey};
-use crate::pipeline::route::PathPattern;
 use crate::origin::client::{Upstream, UpstreamError};
+use crate::pipeline::route::PathPattern;
 
 /// Largest upstream body that will be cached; larger answers fail with 502.
 pub const MAX_CACHED_BODY: usize = 8 * 1024 * 1024;

@@ -4,8 +4,8 @@
 
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
-use http_body_util::Full;
 use http::{HeaderValue, Response, StatusCode};
+use http_body_util::Full;
 
 use crate::cache::LoadMiss;
 use crate::key::KeyError;

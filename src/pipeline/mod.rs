@@ -1,6 +1,7 @@
 //! The data plane's request handler. A request on a guarded route reads as the pipeline:
-//! key → gate → cache → origin → response, each stage able to answer and stop. Every
-//! other request is passed through to the upstream. Serving sockets is `server`'s job.
+//! key → gate (the route's filter) → cache → origin → response, each stage able to answer
+//! and stop. Every other request is passed through to the upstream. Serving sockets is
+//! `server`'s job.
 
 pub mod budget;
 pub mod client;
@@ -21,26 +22,23 @@ use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
-use crate::pipeline::budget::{Allowance, Budget};
-use crate::cache::{
-    CacheKey, Loaded, Lookup, Negative, ResponseCache,
-};
-use crate::pipeline::client::{Cidrs, client_ip};
+use crate::cache::{CacheKey, Loaded, Lookup, Negative, ResponseCache};
 use crate::config::{KeySource, Normalize, OutcomeHeaderPolicy, RouteMode};
-use crate::pipeline::error::ProxyError;
-use crate::gate::{Gate, Verdict};
-use crate::origin::http_cache;
-use crate::key::{KeyBytes, KeyError, normalize};
+use crate::gate::{Filter, Verdict};
 use crate::key::NormKey;
+use crate::key::{KeyBytes, KeyError, normalize};
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
-use crate::origin::{Origin, Variant};
-use crate::pipeline::outcome::Outcome;
 use crate::origin::client::Upstream;
+use crate::origin::http_cache;
+use crate::origin::{Origin, Variant};
+use crate::pipeline::budget::{Allowance, Budget};
+use crate::pipeline::client::{Cidrs, client_ip};
+use crate::pipeline::error::ProxyError;
+use crate::pipeline::outcome::Outcome;
 pub use response::{ProxyBody, X_BLOOMGATE, error_response};
 use response::{not_found, replay};
 use route::{PathPattern, QueryRules};
 use write_through::WriteThrough;
-
 
 /// One guarded route, compiled.
 pub struct GuardedRoute {
@@ -52,8 +50,8 @@ pub struct GuardedRoute {
     pub pattern: PathPattern,
     /// Key normalisation (the filter's).
     pub normalize: Normalize,
-    /// The filter that gates this route.
-    pub gate: Arc<Gate>,
+    /// The filter that guards this route.
+    pub filter: Arc<Filter>,
     /// Where found keys come from.
     pub origin: Origin,
     /// Lifetime of negative entries for this route.
@@ -316,7 +314,7 @@ impl Proxy {
         let mut bytes = KeyBytes::new();
         let verdict = match route.mode {
             RouteMode::Off => Verdict::MaybePresent,
-            RouteMode::Enforce | RouteMode::Shadow => route.gate.check(bytes.of(&key)),
+            RouteMode::Enforce | RouteMode::Shadow => route.filter.check(bytes.of(&key)),
         };
         let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
         if verdict == Verdict::Absent && !shadow_absent {
@@ -420,7 +418,7 @@ impl Proxy {
         };
         // Taken before the origin is asked: an admission of this key from here on means a
         // "not found" may predate the key's row, and must not be kept.
-        let fence = route.gate.fence(key);
+        let fence = route.filter.fence(key);
         let negative = Negative {
             ttl: route.negative_ttl,
             still_absent: &|| fence.holds(),
@@ -468,17 +466,17 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if seen.len() < FALSE_NEGATIVE_LOG_LIMIT && seen.insert(owned.clone()) {
-            tracing::error!(route = %route.label, filter = route.gate.name(), key = %owned,
-                "false negative: the gate called this key absent but the origin has it");
+            tracing::error!(route = %route.label, filter = route.filter.name(), key = %owned,
+                "false negative: the filter called this key absent but the origin has it");
         }
     }
 
-    /// The gate named `filter`, if a route uses it.
-    pub fn gate(&self, filter: &str) -> Option<&Arc<Gate>> {
+    /// The filter called `name`, if a route uses it.
+    pub fn filter(&self, name: &str) -> Option<&Arc<Filter>> {
         self.routes
             .iter()
-            .map(|r| &r.gate)
-            .find(|g| g.name() == filter)
+            .map(|r| &r.filter)
+            .find(|f| f.name() == name)
     }
 
     /// The response cache, for metrics and the admin plane.
@@ -487,12 +485,12 @@ impl Proxy {
     }
 }
 
-/// How the gate's verdict changes what a request is counted as.
+/// How the filter's verdict changes what a request is counted as.
 #[derive(Debug, Clone, Copy)]
 struct Counting {
-    /// No filter was loaded: the request went on without the gate.
+    /// No filter was loaded: the request went on without the filter.
     failing_open: bool,
-    /// A shadow route's gate called the key absent.
+    /// A shadow route's filter called the key absent.
     shadow_absent: bool,
 }
 
@@ -527,4 +525,3 @@ fn variant(
         .collect();
     Some(Arc::new(Variant { query, headers }))
 }
-

@@ -4,20 +4,20 @@
 
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, VIA};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, Version};
-use bytes::Bytes;
 use http_body_util::Either;
 use hyper::body::Incoming;
 
+use crate::metrics::PassthroughMetrics;
+use crate::origin::client::{self, Upstream};
 use crate::pipeline::client::Cidrs;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::forwarded;
-use crate::metrics::PassthroughMetrics;
 use crate::pipeline::outcome::BYPASS;
 use crate::pipeline::response::{self, ProxyBody, X_BLOOMGATE, error_response};
-use crate::origin::client::{self, Upstream};
 
 const VIA_VALUE: &str = "1.1 bloomgate";
 

@@ -15,11 +15,11 @@ use hyper::body::Incoming;
 use percent_encoding::percent_decode_str;
 use prometheus::IntCounter;
 
-use super::route::PathPattern;
 use super::ProxyBody;
-use crate::gate::admit::{Admit, Forget};
+use super::route::PathPattern;
 use crate::config::{WriteKey, WriteThroughConfig};
-use crate::gate::Gate;
+use crate::gate::Filter;
+use crate::gate::admit::{Admit, Forget};
 use crate::key::normalize;
 
 /// Largest response body read to find a JSON key field.
@@ -31,16 +31,16 @@ pub struct WriteThrough {
     methods: Vec<Method>,
     statuses: Vec<StatusCode>,
     key: WriteKey,
-    gate: Arc<Gate>,
+    filter: Arc<Filter>,
     admit: Arc<Admit>,
     added: IntCounter,
 }
 
 impl WriteThrough {
-    /// Compiles a rule; `gate` is the filter it names. The error is a reason.
+    /// Compiles a rule; `filter` is the filter it names. The error is a reason.
     pub fn new(
         config: &WriteThroughConfig,
-        gate: Arc<Gate>,
+        filter: Arc<Filter>,
         admit: Arc<Admit>,
         added: IntCounter,
     ) -> Result<WriteThrough, String> {
@@ -59,7 +59,7 @@ impl WriteThrough {
                 .map(|s| StatusCode::from_u16(*s).map_err(|e| e.to_string()))
                 .collect::<Result<_, _>>()?,
             key: config.key.clone(),
-            gate,
+            filter,
             admit,
             added,
         })
@@ -96,20 +96,20 @@ impl WriteThrough {
             WriteKey::Json(field) => json_key(resp, field).await,
         };
         let Some(raw) = raw else {
-            tracing::warn!(filter = self.gate.name(), key_from = ?self.key,
+            tracing::warn!(filter = self.filter.name(), key_from = ?self.key,
                 "write-through: a successful write carried no key where configured");
             return resp;
         };
-        match normalize(self.gate.normalize_rule(), Cow::Borrowed(raw.as_str())) {
+        match normalize(self.filter.normalize_rule(), Cow::Borrowed(raw.as_str())) {
             Ok(key) => {
                 self.admit
-                    .admit(&self.gate, &[key.to_owned_key()], Forget::Absence)
+                    .admit(&self.filter, &[key.to_owned_key()], Forget::Absence)
                     .await;
                 self.added.inc();
-                tracing::debug!(filter = self.gate.name(), key = %key.to_owned_key(), "write-through added a key");
+                tracing::debug!(filter = self.filter.name(), key = %key.to_owned_key(), "write-through added a key");
             }
             Err(e) => {
-                tracing::warn!(filter = self.gate.name(), error = %e, "write-through: the created key failed normalisation");
+                tracing::warn!(filter = self.filter.name(), error = %e, "write-through: the created key failed normalisation");
             }
         }
         resp
