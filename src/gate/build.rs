@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use rand::TryRngCore;
 
+use super::membership::Membership;
 use super::{BuildPhase, Filter, LoadStatus, RebuildReason, lock, unix_now};
 use crate::config::{FilterConfig, Normalize, WatermarkKind};
 use crate::db::Db;
@@ -131,8 +132,9 @@ impl Filter {
         {
             // Keys admitted before the snapshot was read are not in it.
             let admissions = lock(&self.admissions);
-            admissions.replay(&snap.filter);
-            self.live.store(Some(Arc::new(snap.filter)));
+            let membership = Membership::Local(snap.filter);
+            admissions.replay(&membership);
+            self.live.store(Some(Arc::new(membership)));
         }
         if let Some(w) = snap.watermark {
             self.advance_watermark(w);
@@ -238,7 +240,7 @@ impl Filter {
         }
         let params = BloomParams::optimal(capacity, self.config.false_positive_rate)?;
         let seed = secret_seed()?;
-        let filter = Arc::new(BloomFilter::new(params, seed));
+        let filter = BloomFilter::new(params, seed);
         self.phase(BuildPhase::Scanning).await;
         let mut listed = HashSet::new();
         let rows = fill(
@@ -260,10 +262,11 @@ impl Filter {
             let mut admissions = lock(&self.admissions);
             // Every admitted key goes in before the swap, under the lock that admissions
             // take: none can fall between the replay and the swap.
-            admissions.replay(&filter);
+            let membership = Membership::Local(filter);
+            admissions.replay(&membership);
             admissions.confirm(&listed);
             self.metrics.set_unconfirmed(admissions.len());
-            self.live.store(Some(filter));
+            self.live.store(Some(Arc::new(membership)));
         }
         self.capacity_warned.store(false, Ordering::Relaxed);
         if let Some(m) = start_mark {
@@ -293,8 +296,7 @@ impl Filter {
             return;
         };
         let shown = path.display().to_string();
-        let written =
-            tokio::task::spawn_blocking(move || snapshot::write(&path, &filter, watermark)).await;
+        let written = tokio::task::spawn_blocking(move || filter.snapshot(&path, watermark)).await;
         match written {
             Ok(Ok(info)) => {
                 self.metrics.snapshot_write(true);

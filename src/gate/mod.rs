@@ -12,6 +12,7 @@
 
 pub mod admit;
 mod build;
+pub mod membership;
 pub mod sync;
 
 use std::collections::HashSet;
@@ -27,11 +28,12 @@ use tokio::sync::Notify;
 pub use build::{LoadError, fill, secret_seed, start_watermark};
 
 use crate::config::{FilterConfig, Normalize};
-use crate::filter::{BloomFilter, FilterStats};
+use crate::filter::FilterStats;
 use crate::gate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use crate::key::{KeyBytes, NormKey};
 use crate::metrics::FilterMetrics;
 use crate::watermark::Watermark;
+use membership::{Membership, Probe};
 
 /// What the gate says about a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +123,7 @@ pub struct Filter {
     config: FilterConfig,
     source_query: Arc<str>,
     /// The filter that answers [`Filter::check`]; `None` until the first load completes.
-    live: ArcSwapOption<BloomFilter>,
+    live: ArcSwapOption<Membership>,
     /// Admitted keys that no build has confirmed yet. Its lock serialises admissions
     /// against the swap of a build (never taken by `check`): a key is either admitted
     /// before the swap, and replayed into the new filter, or after it, into the new one.
@@ -194,10 +196,10 @@ impl Filter {
 
     /// The verdict for a key's canonical bytes. Lock-free; no allocation.
     pub fn check(&self, key: &[u8]) -> Verdict {
-        match self.live.load().as_deref() {
+        match self.live.load().as_deref().map(|m| m.probe(key)) {
             None => Verdict::Unavailable,
-            Some(f) if f.contains(key) => Verdict::MaybePresent,
-            Some(_) => Verdict::Absent,
+            Some(Probe::Ready(true)) => Verdict::MaybePresent,
+            Some(Probe::Ready(false)) => Verdict::Absent,
         }
     }
 
@@ -293,7 +295,7 @@ impl Filter {
 
     /// Statistics of the live filter.
     pub fn stats(&self) -> Option<FilterStats> {
-        self.live.load().as_deref().map(BloomFilter::stats)
+        self.live.load().as_deref().map(Membership::stats)
     }
 
     /// The current sync watermark: the largest value sync or a build has reached.
@@ -453,7 +455,7 @@ impl Admissions {
     }
 
     /// Inserts every kept key into `filter`.
-    fn replay(&self, filter: &BloomFilter) {
+    fn replay(&self, filter: &Membership) {
         for k in &self.keys {
             filter.insert(k);
         }
