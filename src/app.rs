@@ -118,7 +118,9 @@ impl App {
             .iter()
             .map(|(name, f)| {
                 let sync_interval = f.sync.as_ref().map(|s| s.interval);
-                let handles = metrics.filter(name, f.false_positive_rate, sync_interval);
+                let handles = metrics
+                    .filters
+                    .handles(name, f.false_positive_rate, sync_interval);
                 let filter = Filter::new(name, f.clone(), handles);
                 (name.clone(), Arc::new(filter))
             })
@@ -184,7 +186,7 @@ impl App {
                 filter,
                 origin,
                 negative_ttl: r.negative_ttl.unwrap_or(config.cache.negative_ttl),
-                metrics: metrics.route(&label, &r.filter, r.mode.as_str()),
+                metrics: metrics.routes.handles(&label, &r.filter, r.mode.as_str()),
                 mode: r.mode,
                 query: QueryRules {
                     key: match &r.key {
