@@ -1,0 +1,307 @@
+//! The module graph has no import loops: reading the sources under `src/` (the library,
+//! not the command line), every `crate::` path a module's code names (tests aside) is an
+//! edge to the module that defines the item, and the graph of those edges between files
+//! is acyclic. A module and its own submodules are one unit here (a parent re-exporting
+//! its child's items and the child using its parent's is how Rust modules are built),
+//! so the check is between modules that are not nested in each other.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// A module path such as `pipeline::route` ("" for the crate root).
+type Module = String;
+
+struct Source {
+    /// The code, with comments and `#[cfg(test)]` items removed.
+    code: String,
+    /// Names of the public items it defines.
+    items: BTreeSet<String>,
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn module_of(src: &Path, file: &Path) -> Option<Module> {
+    let rel = file.strip_prefix(src).ok()?.with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if let Some("main" | "cli") = parts.first().map(String::as_str) {
+        return None;
+    }
+    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+        parts.pop();
+    }
+    Some(parts.join("::"))
+}
+
+/// Drops line comments and everything from the first `#[cfg(test)]` on (test modules
+/// sit at the end of a file in this crate).
+fn strip(text: &str) -> String {
+    let text = text.split("#[cfg(test)]").next().unwrap_or("");
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn public_items(code: &str) -> BTreeSet<String> {
+    let mut items = BTreeSet::new();
+    let words: Vec<&str> = code
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    for w in words.windows(3) {
+        if w[0] == "pub"
+            && matches!(
+                w[1],
+                "struct" | "enum" | "fn" | "type" | "const" | "static" | "trait"
+            )
+        {
+            items.insert(w[2].to_owned());
+        }
+        if w[0] == "pub" && w[1] == "async" {
+            items.insert(w[2].to_owned());
+        }
+    }
+    items
+}
+
+/// Expands `crate::a::{b, c::{d, e}}` style paths found in `code` into flat paths
+/// (without the `crate::` prefix).
+fn crate_paths(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        let after = &rest[i + "crate::".len()..];
+        let end = path_end(after);
+        expand("", &after[..end], &mut out);
+        rest = &after[end..];
+    }
+    out
+}
+
+/// Where a path (possibly with nested braces) ends.
+fn path_end(s: &str) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => return i,
+            '}' => depth -= 1,
+            c if depth == 0 && !(c.is_alphanumeric() || c == '_' || c == ':') => return i,
+            _ => {}
+        }
+    }
+    s.len()
+}
+
+fn expand(prefix: &str, path: &str, out: &mut Vec<String>) {
+    match path.find('{') {
+        None => {
+            let p = format!("{prefix}{path}");
+            out.push(p.trim_end_matches(':').to_owned());
+        }
+        Some(open) => {
+            let head = format!("{prefix}{}", &path[..open]);
+            let inner = &path[open + 1..path.rfind('}').unwrap_or(path.len())];
+            let mut depth = 0usize;
+            let mut start = 0;
+            let mut parts = Vec::new();
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth = depth.saturating_sub(1),
+                    ',' if depth == 0 => {
+                        parts.push(&inner[start..i]);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            parts.push(&inner[start..]);
+            for part in parts {
+                let part = part.split(" as ").next().unwrap_or("").trim();
+                if part == "self" {
+                    out.push(head.trim_end_matches(':').to_owned());
+                } else if !part.is_empty() {
+                    expand(&head, part, out);
+                }
+            }
+        }
+    }
+}
+
+/// The module that defines what `path` names: the deepest module on the path, or the
+/// child module that defines the item when the parent only re-exports it.
+fn resolve(path: &str, sources: &BTreeMap<Module, Source>) -> Module {
+    let mut current = String::new();
+    for segment in path.split("::").filter(|s| !s.is_empty()) {
+        let next = if current.is_empty() {
+            segment.to_owned()
+        } else {
+            format!("{current}::{segment}")
+        };
+        if sources.contains_key(&next) {
+            current = next;
+            continue;
+        }
+        if sources
+            .get(&current)
+            .is_some_and(|s| s.items.contains(segment))
+        {
+            return current;
+        }
+        let depth = current.matches("::").count() + usize::from(!current.is_empty());
+        let child = sources.iter().find(|(m, s)| {
+            m.starts_with(&format!("{current}::"))
+                && m.matches("::").count() + 1 == depth + 1
+                && s.items.contains(segment)
+        });
+        return child.map_or(current, |(m, _)| m.clone());
+    }
+    current
+}
+
+fn nested(a: &str, b: &str) -> bool {
+    a.is_empty()
+        || b.is_empty()
+        || a.starts_with(&format!("{b}::"))
+        || b.starts_with(&format!("{a}::"))
+}
+
+fn graph() -> BTreeMap<Module, BTreeSet<Module>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut sources = BTreeMap::new();
+    for file in files {
+        let Some(module) = module_of(&src, &file) else {
+            continue;
+        };
+        let code = strip(&std::fs::read_to_string(&file).expect("read source"));
+        let items = public_items(&code);
+        sources.insert(module, Source { code, items });
+    }
+    let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (module, source) in &sources {
+        let targets = edges.entry(module.clone()).or_default();
+        for path in crate_paths(&source.code) {
+            let target = resolve(&path, &sources);
+            if target != *module && !nested(module, &target) {
+                targets.insert(target);
+            }
+        }
+    }
+    edges
+}
+
+/// A cycle in the graph, if there is one (depth-first).
+fn cycle(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Option<Vec<Module>> {
+    fn visit(
+        node: &Module,
+        edges: &BTreeMap<Module, BTreeSet<Module>>,
+        stack: &mut Vec<Module>,
+        done: &mut BTreeSet<Module>,
+    ) -> Option<Vec<Module>> {
+        if let Some(at) = stack.iter().position(|n| n == node) {
+            let mut c = stack[at..].to_vec();
+            c.push(node.clone());
+            return Some(c);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        stack.push(node.clone());
+        for next in edges.get(node).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, stack, done) {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        done.insert(node.clone());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in edges.keys() {
+        if let Some(c) = visit(node, edges, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn the_module_graph_has_no_import_loops() {
+    let edges = graph();
+    assert!(
+        edges.len() > 30,
+        "the scan found only {} modules: is src/ laid out as expected?",
+        edges.len()
+    );
+    assert!(
+        edges.values().map(BTreeSet::len).sum::<usize>() > 50,
+        "the scan found almost no imports: {edges:?}"
+    );
+    if let Some(c) = cycle(&edges) {
+        panic!("import loop: {}", c.join(" → "));
+    }
+}
+
+#[test]
+fn the_checker_sees_a_loop_when_there_is_one() {
+    let mut edges = graph();
+    // cache imports origin's types; make origin import the cache back.
+    assert!(
+        edges["cache"].contains("origin"),
+        "cache → origin expected: {:?}",
+        edges["cache"]
+    );
+    edges
+        .get_mut("origin")
+        .expect("origin module")
+        .insert("cache".into());
+    let c = cycle(&edges).expect("a loop");
+    assert!(
+        c.contains(&"cache".to_owned()) && c.contains(&"origin".to_owned()),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn paths_in_braces_resolve_to_the_defining_file() {
+    let mut out = Vec::new();
+    expand(
+        "",
+        "pipeline::{route::{MatchOptions, PathPattern}, response::json as j, self}",
+        &mut out,
+    );
+    assert_eq!(
+        out,
+        [
+            "pipeline::route::MatchOptions",
+            "pipeline::route::PathPattern",
+            "pipeline::response::json",
+            "pipeline"
+        ]
+    );
+    let edges = graph();
+    // `crate::config::KeySource` is defined in config/model.rs and re-exported.
+    assert!(
+        edges["pipeline::route"].contains("config::model"),
+        "{:?}",
+        edges["pipeline::route"]
+    );
+}
