@@ -23,7 +23,7 @@
 //!
 //! # Hashing
 //!
-//! A key is hashed once with `murmur3_x64_128` under the filter's seed ([`murmur`]). The
+//! A key is hashed once with `murmur3_x64_128` under the filter's seed (`murmur`). The
 //! low half `h1` picks the block by Lemire's multiply-shift reduction,
 //! `(h1 * blocks) >> 64`, which reads the high bits of `h1` and needs no division. The
 //! high half `h2` supplies the bit positions inside the block, nine bits per probe from

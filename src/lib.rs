@@ -4,35 +4,39 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: the TOML config, environment overrides and validation.
-//! - [`client`]: the client's address (the peer, or what a trusted proxy reports).
+//! Data plane:
+//! - [`pipeline`]: the request handler (`Proxy`) and its stages: `path` (canonical
+//!   request paths), `route` (route match, key extraction, canonical origin targets),
+//!   `response` (every response the proxy makes), `error`, `outcome`, `budget` (the
+//!   per-client false-positive budget), `client` and `forwarded` (who the client is and
+//!   what the next hop is told), `passthrough` and `write_through`.
 //! - [`key`]: key normalisation, shared by requests and the filter loader.
-//! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits);
-//!   `filter::snapshot` is its versioned, checksummed file format.
-//! - [`gate`]: the live filter per name, its verdict, readiness, capacity, and (in
-//!   `gate::build`) snapshots, full builds and rebuilds.
-//! - [`http_cache`]: what HTTP caching rules let the cache do with an upstream answer.
-//! - [`budget`]: the per-client budget of false positives that reach the origin.
-//! - [`cache`]: positive and negative moka caches with coalesced loading.
-//! - [`origin`]: SQL lookups and upstream fetches for keys the gate let through.
-//! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming.
-//! - [`proxy`]: the data-plane handler (`proxy::path` normalises request paths,
-//!   `proxy::route` matches routes, extracts keys and builds canonical origin targets).
-//! - [`passthrough`]: plain reverse proxying for routes that are not guarded.
-//! - [`forwarded`]: the `X-Forwarded-*` and `Forwarded` headers the next hop sees.
-//! - [`upstream`]: the pooled HTTP client to the upstream API.
-//! - [`outcome`]: how a guarded request ended (metric label, log field, header).
-//! - [`error`]: request-path errors and their responses.
-//! - [`metrics`]: every Prometheus metric, on a registry passed in.
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
+//! - [`cache`]: positive and negative entries, coalesced loading, invalidation.
+//! - [`origin`]: what answers a key the gate let through: SQL lookups and the upstream
+//!   API (`origin::client` is the pooled HTTP client, `origin::http_cache` the HTTP
+//!   caching rules for upstream answers).
 //! - [`server`]: the HTTP/1.1 accept loop with head limits, timeouts and graceful
 //!   shutdown.
+//!
+//! Control plane:
+//! - [`gate`]: each configured filter (`gate::Filter`): its live membership
+//!   (`gate::membership`, the in-process Bloom filter today), verdict, readiness and
+//!   capacity; `gate::build` (snapshots, full builds, rebuilds), `gate::sync`
+//!   (incremental sync and the id gaps it reads again) and `gate::admit`, the one path by
+//!   which a key becomes present.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
+//! - [`metrics`]: the Prometheus families, by concern, on a registry passed in.
+//! - [`config`]: the TOML config, environment overrides and validation.
 //! - [`app`]: wiring of all of the above from a config.
-//! - [`sync`]: incremental sync of new keys into the live filters (`sync::gaps` tracks
-//!   the ids an integer-watermark poll skipped over, so late commits are read again).
+//!
+//! Storage:
+//! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits);
+//!   `filter::snapshot` is its versioned, checksummed file format.
+//! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming.
 //! - [`watermark`]: how far sync has read the source.
-//! - [`tools`]: offline `filter build` and `filter inspect`.
-//! - [`demo`]: the embedded SQLite demo.
+//!
+//! The command line (`src/main.rs`, `src/cli/`: the demo, `filter build` and `filter
+//! inspect`) is the only code that prints for a person.
 
 pub mod admin;
 pub mod app;

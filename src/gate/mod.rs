@@ -4,7 +4,7 @@
 //! nothing. Loading, rebuilding and snapshots live in `gate::build`; the gate does not
 //! answer requests.
 //!
-//! Admissions are kept until a build's source scan lists them ([`Admissions`]), so that
+//! Admissions are kept until a build's source scan lists them (`Admissions`), so that
 //! no filter swapped in can lack a key admitted before or during its build, whatever the
 //! source returns (a lagging replica, a key the source does not hold). Each admission
 //! also moves a counter of its key's stripe, which the origin lookup reads before it
