@@ -16,28 +16,45 @@ pub use model::*;
 /// separated by a double underscore: `BLOOMGATE__SERVER__LISTEN=0.0.0.0:8081`.
 pub const ENV_PREFIX: &str = "BLOOMGATE__";
 
-/// A config that could not be read or does not make sense. Both variants name the field.
+/// A config that could not be read or does not make sense.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file or an environment variable could not be parsed into the structs
     /// (unknown field, wrong type, bad duration, …). figment's message names the key path.
     #[error("{0}")]
     Parse(String),
-    /// The values parsed but break a rule.
-    #[error("invalid config: `{field}`: {reason}")]
-    Invalid {
-        /// Dotted path of the offending field, e.g. `routes[0].origin.query`.
-        field: String,
-        /// Why it is refused.
-        reason: String,
-    },
+    /// The values parsed but break rules: every broken rule of the file, in file order,
+    /// each naming its field.
+    #[error("{}", list_problems(.0))]
+    Invalid(Vec<Problem>),
 }
 
-impl ConfigError {
-    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            field: field.into(),
-            reason: reason.into(),
+/// One broken rule of a config: the field, by its TOML path, and why it is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// TOML path of the offending field, e.g. `routes[0].origin.query`.
+    pub field: String,
+    /// Why it is refused.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// One problem on the same line as the heading; several one per line below it.
+fn list_problems(problems: &[Problem]) -> String {
+    match problems {
+        [one] => format!("invalid config: {one}"),
+        many => {
+            let mut text = format!("invalid config ({} problems):", many.len());
+            for p in many {
+                text.push_str("\n  ");
+                text.push_str(&p.to_string());
+            }
+            text
         }
     }
 }
