@@ -4,7 +4,8 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: the TOML config, environment overrides and validation.
+//! - [`config`]: the TOML config, environment overrides, validation, and its compiled
+//!   form (patterns, sizes, header names, address ranges) that [`app`] wires.
 //! - [`client`]: the client's address (the peer, or what a trusted proxy reports).
 //! - [`key`]: key normalisation, shared by requests and the filter loader.
 //! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits);

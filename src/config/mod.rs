@@ -1,7 +1,9 @@
 //! Configuration: the serde model behind `config.toml` (`model`), its environment
-//! overrides (`BLOOMGATE__SECTION__FIELD`), loading, and the rules serde cannot express
-//! (`validate`). It reads and checks; it does not open sockets or databases.
+//! overrides (`BLOOMGATE__SECTION__FIELD`), loading, the rules serde cannot express
+//! (`validate`), and the runtime forms the app wires, computed once (`compile`). It
+//! reads, checks and compiles; it does not open sockets or databases.
 
+mod compile;
 mod model;
 mod validate;
 
@@ -10,6 +12,9 @@ use std::path::Path;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 
+pub use compile::{
+    Compiled, CompiledFilter, CompiledOrigin, CompiledRoute, CompiledUpstream, CompiledWriteThrough,
+};
 pub use model::*;
 
 /// Prefix of the environment variables that override config fields; nested fields are
@@ -62,11 +67,16 @@ fn list_problems(problems: &[Problem]) -> String {
 impl Config {
     /// Parses a TOML string, without environment overrides, and validates it.
     pub fn from_toml_str(toml: &str) -> Result<Config, ConfigError> {
-        Self::extract(Figment::from(Toml::string(toml)))
+        Self::extract(Figment::from(Toml::string(toml))).map(Compiled::into_config)
     }
 
     /// Reads a TOML file, applies `BLOOMGATE__…` environment overrides, validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Self::load_compiled(path).map(Compiled::into_config)
+    }
+
+    /// As [`Config::load`], keeping what validation compiled, for [`crate::App::build`].
+    pub fn load_compiled(path: &Path) -> Result<Compiled, ConfigError> {
         if !path.exists() {
             return Err(ConfigError::Parse(format!(
                 "config file {} does not exist",
@@ -80,14 +90,14 @@ impl Config {
     /// Builds a config from a TOML string and the environment overrides.
     pub fn from_toml_str_with_env(toml: &str) -> Result<Config, ConfigError> {
         Self::extract(Figment::from(Toml::string(toml)).merge(env_overrides()))
+            .map(Compiled::into_config)
     }
 
-    fn extract(figment: Figment) -> Result<Config, ConfigError> {
+    fn extract(figment: Figment) -> Result<Compiled, ConfigError> {
         let config: Config = figment
             .extract()
             .map_err(|e| ConfigError::Parse(describe_figment_error(e)))?;
-        config.validate()?;
-        Ok(config)
+        config.compile()
     }
 }
 

@@ -1,19 +1,18 @@
-//! The rules of a config that serde cannot express: every field's bounds and the
-//! references between sections. Every broken rule is reported, each naming its field by
-//! its TOML path; a rule that depends on another field is skipped while that field is
-//! itself refused, so one mistake is one problem.
+//! The rules of a config that serde cannot express, for the values the runtime takes as
+//! they are: bounds of limits, timeouts and sizes, and which sections need which. Values
+//! that become something else (patterns, address ranges, filter sizes, header names) are
+//! checked where they are made, in `compile`, which also runs these rules. Every broken
+//! rule is reported, each naming its field by its TOML path; a rule that depends on
+//! another field is skipped while that field is itself refused, so one mistake is one
+//! problem.
 
-use std::collections::HashSet;
 use std::fmt::Display;
 use std::time::Duration;
 
 use super::{
-    Config, ConfigError, FilterConfig, KeySource, Normalize, OriginConfig, OutcomeHeaderPolicy,
-    Problem, RouteConfig, WatermarkKind, WriteThroughConfig,
+    Config, ConfigError, FilterConfig, Normalize, OriginConfig, OutcomeHeaderPolicy, Problem,
+    RouteConfig, WatermarkKind,
 };
-use crate::filter::BloomParams;
-use crate::pipeline::client::Cidrs;
-use crate::pipeline::route::{MatchOptions, PathPattern};
 
 /// The problems found so far in one config.
 #[derive(Debug, Default)]
@@ -37,6 +36,11 @@ impl Problems {
         result.map_err(|reason| self.add(field, reason)).ok()
     }
 
+    /// How many problems were found so far.
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// `Ok` when no rule was broken, else every problem.
     pub(super) fn into_result(self) -> Result<(), ConfigError> {
         if self.0.is_empty() {
@@ -48,33 +52,10 @@ impl Problems {
 }
 
 impl Config {
-    /// Checks the rules that serde cannot express. The error lists every broken rule,
-    /// each naming its field.
+    /// Checks every rule, those of `compile` included. The error lists every broken
+    /// rule, each naming its field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let mut p = Problems::default();
-        self.check_server(&mut p);
-        if let Some(token) = &self.admin.token
-            && token.trim().len() < 8
-        {
-            p.add(
-                "admin.token",
-                "must be at least 8 characters (or left unset to disable mutating admin calls)",
-            );
-        }
-        self.check_backends(&mut p);
-        self.check_cache(&mut p);
-        for (name, f) in &self.filters {
-            check_filter(name, f, &mut p);
-        }
-        let mut labels = HashSet::new();
-        for (i, r) in self.routes.iter().enumerate() {
-            self.check_route(i, r, &mut labels, &mut p);
-        }
-        for (i, w) in self.write_through.iter().enumerate() {
-            self.check_write_through(i, w, &mut p);
-        }
-        self.check_budget(&mut p);
-        p.into_result()
+        self.compile().map(|_| ())
     }
 
     /// The normaliser in force for route `i` (its own, or its filter's).
@@ -87,7 +68,7 @@ impl Config {
         })
     }
 
-    fn check_server(&self, p: &mut Problems) {
+    pub(super) fn check_server(&self, p: &mut Problems) {
         let s = &self.server;
         if s.max_body_bytes == 0 {
             p.add("server.max_body_bytes", "must be greater than 0");
@@ -111,12 +92,6 @@ impl Config {
                 "must be at least 256, at most 65534 and at most server.max_header_bytes",
             );
         }
-        for (field, list) in [
-            ("server.trusted_proxies", &s.trusted_proxies),
-            ("server.outcome_header_clients", &s.outcome_header_clients),
-        ] {
-            p.check(field, Cidrs::parse(list));
-        }
         if s.outcome_header == OutcomeHeaderPolicy::Trusted && s.outcome_header_clients.is_empty() {
             p.add(
                 "server.outcome_header_clients",
@@ -128,11 +103,21 @@ impl Config {
         }
     }
 
+    pub(super) fn check_admin(&self, p: &mut Problems) {
+        if let Some(token) = &self.admin.token
+            && token.trim().len() < 8
+        {
+            p.add(
+                "admin.token",
+                "must be at least 8 characters (or left unset to disable mutating admin calls)",
+            );
+        }
+    }
+
     /// `[upstream]` and `[database]`, and the sections that need them: a missing one is
-    /// one problem, naming every field that uses it.
-    fn check_backends(&self, p: &mut Problems) {
+    /// one problem, naming every field that uses it. (`upstream.url` is read in `compile`.)
+    pub(super) fn check_backends(&self, p: &mut Problems) {
         if let Some(up) = &self.upstream {
-            p.check("upstream.url", check_upstream_url(&up.url));
             if up.timeout.is_zero() {
                 p.add("upstream.timeout", "must be greater than 0");
             }
@@ -201,7 +186,7 @@ impl Config {
         }
     }
 
-    fn check_cache(&self, p: &mut Problems) {
+    pub(super) fn check_cache(&self, p: &mut Problems) {
         let c = &self.cache;
         for (field, v) in [
             ("cache.max_entries", c.max_entries),
@@ -218,103 +203,7 @@ impl Config {
         }
     }
 
-    fn check_route(
-        &self,
-        i: usize,
-        r: &RouteConfig,
-        labels: &mut HashSet<String>,
-        p: &mut Problems,
-    ) {
-        let at = |field: &str| format!("routes[{i}].{field}");
-        p.check(
-            at("path"),
-            PathPattern::parse(&r.path, &r.key, MatchOptions::of(r)),
-        );
-        check_forwarding(r, &at, p);
-        if !labels.insert(r.label().to_owned()) {
-            p.add(
-                at("name"),
-                format!("route name `{}` is used twice", r.label()),
-            );
-        }
-        match self.filters.get(&r.filter) {
-            None => p.add(
-                at("filter"),
-                format!("no filter named `{}` in [filters]", r.filter),
-            ),
-            Some(filter) => {
-                if let Some(n) = &r.normalize
-                    && n != &filter.normalize
-                {
-                    p.add(
-                        at("normalize"),
-                        format!(
-                            "must match filters.{}.normalize, or the loader and the route would disagree on keys",
-                            r.filter
-                        ),
-                    );
-                }
-            }
-        }
-        match &r.origin {
-            OriginConfig::Sql { query, timeout } => {
-                let marks = query.matches('?').count();
-                if query.trim().is_empty() {
-                    p.add(at("origin.query"), "must not be empty");
-                } else if marks != 1 {
-                    p.add(
-                        at("origin.query"),
-                        format!("needs exactly one `?` placeholder for the key, found {marks}"),
-                    );
-                }
-                if timeout.is_zero() {
-                    p.add(at("origin.timeout"), "must be greater than 0");
-                }
-            }
-            OriginConfig::Upstream { not_found_statuses } => {
-                for bad in not_found_statuses
-                    .iter()
-                    .filter(|s| !(100..=599).contains(*s))
-                {
-                    p.add(
-                        at("origin.not_found_statuses"),
-                        format!("{bad} is not an HTTP status"),
-                    );
-                }
-            }
-        }
-        for (field, ttl) in [("ttl", r.ttl), ("negative_ttl", r.negative_ttl)] {
-            if ttl.is_some_and(|t| t.is_zero()) {
-                p.add(at(field), "must be greater than 0");
-            }
-        }
-    }
-
-    fn check_write_through(&self, i: usize, w: &WriteThroughConfig, p: &mut Problems) {
-        let at = |field: &str| format!("write_through[{i}].{field}");
-        p.check(at("path"), PathPattern::parse_write(&w.path, &w.key));
-        if !self.filters.contains_key(&w.filter) {
-            p.add(
-                at("filter"),
-                format!("no filter named `{}` in [filters]", w.filter),
-            );
-        }
-        if w.methods.is_empty() {
-            p.add(at("methods"), "must not be empty");
-        }
-        for bad in w
-            .methods
-            .iter()
-            .filter(|m| http::Method::from_bytes(m.as_bytes()).is_err())
-        {
-            p.add(at("methods"), format!("`{bad}` is not an HTTP method"));
-        }
-        for bad in w.statuses.iter().filter(|s| !(100..=599).contains(*s)) {
-            p.add(at("statuses"), format!("{bad} is not an HTTP status"));
-        }
-    }
-
-    fn check_budget(&self, p: &mut Problems) {
+    pub(super) fn check_budget(&self, p: &mut Problems) {
         let Some(b) = &self.false_positive_budget else {
             return;
         };
@@ -336,7 +225,8 @@ impl Config {
     }
 }
 
-fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
+/// The rules of one filter; its size is checked where it is computed, in `compile`.
+pub(super) fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
     let at = |field: &str| format!("filters.{name}.{field}");
     if !is_identifier(name) {
         p.add(
@@ -346,28 +236,6 @@ fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
     }
     if f.source_query.trim().is_empty() {
         p.add(at("source_query"), "must not be empty");
-    }
-    let items_ok = f.expected_items > 0;
-    if !items_ok {
-        p.add(at("expected_items"), "must be at least 1");
-    }
-    // A gate that lets more than half of the absent keys through protects nothing, and
-    // sizing a filter for a rate near 1 takes time that grows with the items.
-    let rate = f.false_positive_rate;
-    let rate_ok = rate > 0.0 && rate <= 0.5;
-    if rate > 0.5 {
-        p.add(at("false_positive_rate"), format!("{rate} is above 0.5"));
-    } else if !rate_ok {
-        p.add(
-            at("false_positive_rate"),
-            format!("must be greater than 0, got {rate}"),
-        );
-    }
-    if items_ok && rate_ok {
-        p.check(
-            at("false_positive_rate"),
-            BloomParams::optimal(f.expected_items, rate),
-        );
     }
     if let Normalize::String { max_len, .. } = f.normalize
         && (max_len == 0 || max_len > 4096)
@@ -408,105 +276,6 @@ fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
     } else if f.load_retry_max < f.load_retry_initial {
         p.add(at("load_retry_max"), "must be at least load_retry_initial");
     }
-}
-
-/// Request headers that are never forwarded to an origin as declared headers: they
-/// describe the connection or the hop, or bloomgate sets them itself.
-const NOT_FORWARDABLE: [&str; 12] = [
-    "host",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "content-length",
-    "if-none-match",
-    "if-modified-since",
-];
-
-fn check_forwarding(r: &RouteConfig, at: &dyn Fn(&str) -> String, p: &mut Problems) {
-    let upstream = matches!(r.origin, OriginConfig::Upstream { .. });
-    if !upstream
-        && (!r.forward_query.is_empty()
-            || !r.forward_headers.is_empty()
-            || !r.upstream_headers.is_empty())
-    {
-        p.add(
-            at("forward_query"),
-            "forward_query, forward_headers and upstream_headers apply to upstream origins only",
-        );
-        return;
-    }
-    let mut seen = HashSet::new();
-    for name in &r.forward_query {
-        if name.is_empty() || !seen.insert(name.to_ascii_lowercase()) {
-            p.add(
-                at("forward_query"),
-                format!("`{name}` is empty or listed twice (names match in any case)"),
-            );
-        } else if let KeySource::Query(key) = &r.key
-            && key.eq_ignore_ascii_case(name)
-        {
-            p.add(
-                at("forward_query"),
-                format!("`{name}` is the key parameter; it is always sent, canonical"),
-            );
-        }
-    }
-    let mut seen = HashSet::new();
-    for (field, names) in [
-        (
-            "forward_headers",
-            r.forward_headers.iter().collect::<Vec<_>>(),
-        ),
-        ("upstream_headers", r.upstream_headers.keys().collect()),
-    ] {
-        for name in names {
-            let lower = name.to_ascii_lowercase();
-            if http::HeaderName::from_bytes(lower.as_bytes()).is_err() {
-                p.add(at(field), format!("`{name}` is not a header name"));
-            } else if NOT_FORWARDABLE.contains(&lower.as_str()) {
-                p.add(
-                    at(field),
-                    format!(
-                        "`{name}` is a hop-by-hop or conditional header that bloomgate handles itself"
-                    ),
-                );
-            } else if !seen.insert(lower) {
-                p.add(
-                    at(field),
-                    format!(
-                        "`{name}` is listed twice (forward_headers and upstream_headers included)"
-                    ),
-                );
-            }
-        }
-    }
-    for (name, value) in &r.upstream_headers {
-        if http::HeaderValue::from_str(value).is_err() {
-            p.add(
-                at("upstream_headers"),
-                format!("the value of `{name}` is not a valid header value"),
-            );
-        }
-    }
-}
-
-fn check_upstream_url(url: &str) -> Result<(), String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
-    if uri.scheme_str() != Some("http") {
-        return Err("must start with http:// (terminate TLS in front of the upstream)".into());
-    }
-    if uri.authority().is_none() {
-        return Err("needs a host and port".into());
-    }
-    if uri.path() != "/" && !uri.path().is_empty() {
-        return Err("must not carry a path: requests keep their own path".into());
-    }
-    Ok(())
 }
 
 /// `a`, `a and b`, `a, b and c`.
