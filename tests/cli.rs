@@ -208,6 +208,43 @@ fn environment_variables_override_the_file() {
     assert_eq!(code, 0, "{out}");
 }
 
+#[test]
+fn an_all_digit_token_from_the_environment_is_text() {
+    let path = write_config("ok.toml", VALID);
+    let p = path.to_str().unwrap_or_default();
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__ADMIN__TOKEN", "00123456")],
+    );
+    assert_eq!(code, 0, "{out}");
+    // Read as text, so the token rule sees it: too short, not a type error.
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__ADMIN__TOKEN", "1234")],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("admin.token: must be at least 8 characters"),
+        "{out}"
+    );
+    // Number fields still read numbers, and still refuse text.
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__SERVER__MAX_BODY_BYTES", "0")],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("server.max_body_bytes: must be greater than 0"),
+        "{out}"
+    );
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__SERVER__MAX_BODY_BYTES", "plenty")],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("server.max_body_bytes"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_requests_then_exits_0() {
     let stub = StubUpstream::start([]).await;

@@ -4,13 +4,14 @@
 //! reads, checks and compiles; it does not open sockets or databases.
 
 mod compile;
+mod env;
 mod model;
 mod validate;
 
 use std::path::Path;
 
 use figment::Figment;
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Format, Toml};
 
 pub use compile::{
     Compiled, CompiledFilter, CompiledOrigin, CompiledRoute, CompiledUpstream, CompiledWriteThrough,
@@ -18,7 +19,8 @@ pub use compile::{
 pub use model::*;
 
 /// Prefix of the environment variables that override config fields; nested fields are
-/// separated by a double underscore: `BLOOMGATE__SERVER__LISTEN=0.0.0.0:8081`.
+/// separated by a double underscore: `BLOOMGATE__SERVER__LISTEN=0.0.0.0:8081`. A field
+/// that wants text takes the variable's text as written, digits included.
 pub const ENV_PREFIX: &str = "BLOOMGATE__";
 
 /// A config that could not be read or does not make sense.
@@ -67,7 +69,7 @@ fn list_problems(problems: &[Problem]) -> String {
 impl Config {
     /// Parses a TOML string, without environment overrides, and validates it.
     pub fn from_toml_str(toml: &str) -> Result<Config, ConfigError> {
-        Self::extract(Figment::from(Toml::string(toml))).map(Compiled::into_config)
+        Self::extract(Figment::from(Toml::string(toml)), false).map(Compiled::into_config)
     }
 
     /// Reads a TOML file, applies `BLOOMGATE__…` environment overrides, validates.
@@ -83,26 +85,24 @@ impl Config {
                 path.display()
             )));
         }
-        let figment = Figment::from(Toml::file_exact(path)).merge(env_overrides());
-        Self::extract(figment)
+        Self::extract(Figment::from(Toml::file_exact(path)), true)
     }
 
     /// Builds a config from a TOML string and the environment overrides.
     pub fn from_toml_str_with_env(toml: &str) -> Result<Config, ConfigError> {
-        Self::extract(Figment::from(Toml::string(toml)).merge(env_overrides()))
-            .map(Compiled::into_config)
+        Self::extract(Figment::from(Toml::string(toml)), true).map(Compiled::into_config)
     }
 
-    fn extract(figment: Figment) -> Result<Compiled, ConfigError> {
-        let config: Config = figment
-            .extract()
-            .map_err(|e| ConfigError::Parse(describe_figment_error(e)))?;
+    /// Deserialises `base`, with the environment overrides when `with_env`, and compiles.
+    fn extract(base: Figment, with_env: bool) -> Result<Compiled, ConfigError> {
+        let config = if with_env {
+            env::extract(base, std::env::vars_os())
+        } else {
+            base.extract::<Config>().map_err(Box::new)
+        }
+        .map_err(|e| ConfigError::Parse(describe_figment_error(*e)))?;
         config.compile()
     }
-}
-
-fn env_overrides() -> Env {
-    Env::prefixed(ENV_PREFIX).split("__")
 }
 
 fn describe_figment_error(e: figment::Error) -> String {
