@@ -1,14 +1,13 @@
-//! Wiring: builds every stage from a validated [`Config`], binds the data and admin
+//! Wiring: builds every stage from a compiled config ([`Compiled`]: patterns, sizes,
+//! header names and address ranges are decided there, once), binds the data and admin
 //! listeners (port 0 works, and the bound addresses are exposed), and runs until a
-//! shutdown future resolves. It contains no request logic.
+//! shutdown future resolves. It contains no request logic and checks no config value.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::HeaderName;
-use http::{HeaderValue, StatusCode};
 use hyper::body::Incoming;
 use prometheus::Registry;
 use tokio::net::TcpListener;
@@ -16,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::admin::Admin;
 use crate::cache::ResponseCache;
-use crate::config::{Config, KeySource, OriginConfig, UndeclaredQuery};
+use crate::config::{Compiled, CompiledOrigin, Config, ConfigError};
 use crate::db::{Db, PoolSettings};
 use crate::gate::Filter;
 use crate::gate::admit::Admit;
@@ -24,8 +23,6 @@ use crate::metrics::Metrics;
 use crate::origin::client::Upstream;
 use crate::origin::{Origin, UpstreamOrigin};
 use crate::pipeline::budget::Budget;
-use crate::pipeline::client::Cidrs;
-use crate::pipeline::route::{MatchOptions, PathPattern, QueryRules};
 use crate::pipeline::write_through::WriteThrough;
 use crate::pipeline::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
 use crate::server::{self, Handler, ServeOptions};
@@ -33,6 +30,9 @@ use crate::server::{self, Handler, ServeOptions};
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
+    /// The config given to [`App::bind`] breaks a rule.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -45,20 +45,9 @@ pub enum AppError {
     /// The database pool could not be configured (bad URL).
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
-    /// The upstream client could not be configured.
-    #[error(transparent)]
-    Upstream(#[from] crate::origin::client::UpstreamError),
     /// Metric registration failed (a name clash: a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
-    /// A route failed to compile (config validation normally prevents this).
-    #[error("route {route}: {reason}")]
-    Route {
-        /// The route label.
-        route: String,
-        /// Why.
-        reason: String,
-    },
 }
 
 /// A built, bound, not yet running bloomgate.
@@ -88,14 +77,30 @@ impl Handler for DataPlane {
 }
 
 impl App {
-    /// Builds every stage and binds both listeners. Nothing is served and no database
-    /// connection is opened until [`App::run`].
+    /// Compiles `config`, builds every stage and binds both listeners. Nothing is served
+    /// and no database connection is opened until [`App::run`].
     pub async fn bind(config: Config) -> Result<App, AppError> {
-        Self::bind_with_registry(config, Registry::new()).await
+        Self::build(config.compile()?, Registry::new()).await
     }
 
     /// As [`App::bind`], registering metrics on `registry`.
     pub async fn bind_with_registry(config: Config, registry: Registry) -> Result<App, AppError> {
+        Self::build(config.compile()?, registry).await
+    }
+
+    /// Builds every stage from a compiled config, registering metrics on `registry`, and
+    /// binds both listeners. Nothing is served and no database connection is opened
+    /// until [`App::run`].
+    pub async fn build(compiled: Compiled, registry: Registry) -> Result<App, AppError> {
+        let Compiled {
+            config,
+            upstream,
+            filters: compiled_filters,
+            routes: compiled_routes,
+            write_through: compiled_write_through,
+            trusted_proxies,
+            outcome_header_clients,
+        } = compiled;
         let metrics = Metrics::new(&registry)?;
         let db = match &config.database {
             Some(d) => Some(Db::connect_lazy(
@@ -109,100 +114,73 @@ impl App {
             )?),
             None => None,
         };
-        let upstream = match &config.upstream {
-            Some(u) => Some(Arc::new(Upstream::new(u)?)),
-            None => None,
-        };
-        let filters: BTreeMap<String, Arc<Filter>> = config
-            .filters
-            .iter()
-            .map(|(name, f)| {
-                let sync_interval = f.sync.as_ref().map(|s| s.interval);
-                let handles = metrics
-                    .filters
-                    .handles(name, f.false_positive_rate, sync_interval);
-                let filter = Filter::new(name, f.clone(), handles);
-                (name.clone(), Arc::new(filter))
+        let upstream = upstream.map(|u| Arc::new(Upstream::new(&u)));
+        // In the order of `Compiled::filters`, which routes and rules refer to by position.
+        let filters: Vec<Arc<Filter>> = compiled_filters
+            .into_iter()
+            .map(|f| {
+                tracing::debug!(filter = %f.name, bits = f.params.bits, hashes = f.params.hashes,
+                    expected_items = f.params.expected_items, "filter sized");
+                let sync_interval = f.settings.sync.as_ref().map(|s| s.interval);
+                let handles =
+                    metrics
+                        .filters
+                        .handles(&f.name, f.settings.false_positive_rate, sync_interval);
+                Arc::new(Filter::new(&f.name, f.settings, handles))
             })
             .collect();
 
-        let mut routes = Vec::with_capacity(config.routes.len());
-        for (i, r) in config.routes.iter().enumerate() {
-            let label = r.label().to_owned();
-            let fail = |reason: String| AppError::Route {
-                route: label.clone(),
-                reason,
-            };
-            let pattern =
-                PathPattern::parse(&r.path, &r.key, MatchOptions::of(r)).map_err(&fail)?;
-            let filter = filters
-                .get(&r.filter)
-                .cloned()
-                .ok_or_else(|| fail(format!("no filter `{}`", r.filter)))?;
-            let ttl = r.ttl.unwrap_or(config.cache.ttl);
-            let origin = match &r.origin {
-                OriginConfig::Sql { query, timeout } => Origin::Sql {
-                    db: db
-                        .clone()
-                        .ok_or_else(|| fail("sql origin without [database]".into()))?,
-                    query: Arc::from(query.as_str()),
-                    timeout: *timeout,
-                    ttl,
+        let has_variants = compiled_routes.iter().any(|r| r.has_variants());
+        let mut routes = Vec::with_capacity(compiled_routes.len());
+        for r in compiled_routes {
+            let filter = Arc::clone(&filters[r.filter]);
+            let origin = match (r.origin, &db, &upstream) {
+                (CompiledOrigin::Sql { query, timeout }, Some(db), _) => Origin::Sql {
+                    db: db.clone(),
+                    query,
+                    timeout,
+                    ttl: r.ttl,
                 },
-                OriginConfig::Upstream { not_found_statuses } => Origin::Upstream(UpstreamOrigin {
-                    upstream: upstream
-                        .clone()
-                        .ok_or_else(|| fail("upstream origin without [upstream]".into()))?,
-                    pattern: pattern.clone(),
-                    not_found: not_found_statuses
-                        .iter()
-                        .filter_map(|s| StatusCode::from_u16(*s).ok())
-                        .collect(),
-                    ttl,
-                    forward_headers: r
-                        .forward_headers
-                        .iter()
-                        .map(|h| HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()))
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| fail(e.to_string()))?,
-                    headers: r
-                        .upstream_headers
-                        .iter()
-                        .map(|(k, v)| {
-                            let name = HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
-                                .map_err(|e| fail(e.to_string()))?;
-                            let value =
-                                HeaderValue::from_str(v).map_err(|e| fail(e.to_string()))?;
-                            Ok((name, value))
-                        })
-                        .collect::<Result<_, AppError>>()?,
+                (
+                    CompiledOrigin::Upstream {
+                        not_found,
+                        forward_headers,
+                        headers,
+                    },
+                    _,
+                    Some(upstream),
+                ) => Origin::Upstream(UpstreamOrigin {
+                    upstream: Arc::clone(upstream),
+                    pattern: r.pattern.clone(),
+                    not_found,
+                    ttl: r.ttl,
+                    forward_headers,
+                    headers,
                 }),
+                // `Config::compile`, the only maker of a `Compiled`, refuses both.
+                (CompiledOrigin::Sql { .. }, None, _) => {
+                    unreachable!("compiled sql origin without [database]")
+                }
+                (CompiledOrigin::Upstream { .. }, _, None) => {
+                    unreachable!("compiled upstream origin without [upstream]")
+                }
             };
             routes.push(GuardedRoute {
-                id: u16::try_from(i).map_err(|_| fail("too many routes".into()))?,
-                label: Arc::from(label.as_str()),
-                pattern,
-                normalize: config.route_normalize(r),
+                id: r.id,
+                metrics: metrics
+                    .routes
+                    .handles(&r.label, filter.name(), r.mode.as_str()),
+                label: r.label,
+                pattern: r.pattern,
+                normalize: r.normalize,
                 filter,
                 origin,
-                negative_ttl: r.negative_ttl.unwrap_or(config.cache.negative_ttl),
-                metrics: metrics.routes.handles(&label, &r.filter, r.mode.as_str()),
+                negative_ttl: r.negative_ttl,
                 mode: r.mode,
-                query: QueryRules {
-                    key: match &r.key {
-                        KeySource::Query(name) => Some(name.clone()),
-                        KeySource::Segment(_) => None,
-                    },
-                    forward: r.forward_query.clone(),
-                    reject_undeclared: r.undeclared_query == UndeclaredQuery::Reject,
-                },
+                query: r.query,
                 logged_false_negatives: std::sync::Mutex::new(std::collections::HashSet::new()),
             });
         }
-        let has_variants = config
-            .routes
-            .iter()
-            .any(|r| !r.forward_query.is_empty() || !r.forward_headers.is_empty());
         let cache = Arc::new(ResponseCache::new(&config.cache, has_variants));
         let admit = Arc::new(Admit::new(
             Arc::clone(&cache),
@@ -211,20 +189,27 @@ impl App {
                 .map(|r| (Arc::from(r.filter.name()), r.id))
                 .collect(),
         ));
-        let mut write_through = Vec::with_capacity(config.write_through.len());
-        for (i, w) in config.write_through.iter().enumerate() {
-            let fail = |reason: String| AppError::Route {
-                route: format!("write_through[{i}]"),
-                reason,
-            };
-            let filter = filters
-                .get(&w.filter)
-                .cloned()
-                .ok_or_else(|| fail(format!("no filter `{}`", w.filter)))?;
-            let added = metrics.write_through(&w.filter);
-            write_through
-                .push(WriteThrough::new(w, filter, Arc::clone(&admit), added).map_err(fail)?);
-        }
+        let write_through = compiled_write_through
+            .into_iter()
+            .map(|rule| {
+                let filter = Arc::clone(&filters[rule.filter]);
+                let added = metrics.write_through(filter.name());
+                WriteThrough::from_compiled(rule, filter, Arc::clone(&admit), added)
+            })
+            .collect();
+        let budget = match &config.false_positive_budget {
+            Some(b) => {
+                crate::pipeline::budget::register(&registry, b.per_client, b.window)?;
+                Some(Budget::new(b.per_client, b.window, b.slots))
+            }
+            None => None,
+        };
+        let edge = EdgePolicy {
+            trusted_proxies,
+            outcome_header: config.server.outcome_header,
+            outcome_header_clients,
+            budget,
+        };
 
         let proxy = Arc::new(Proxy::new(
             routes,
@@ -233,10 +218,14 @@ impl App {
             config.server.max_body_bytes,
             metrics.passthrough(),
             write_through,
-            edge_policy(&config, &registry)?,
+            edge,
         ));
+        let by_name: BTreeMap<String, Arc<Filter>> = filters
+            .iter()
+            .map(|f| (f.name().to_owned(), Arc::clone(f)))
+            .collect();
         let admin_handler = Arc::new(Admin {
-            filters: filters.clone(),
+            filters: by_name,
             proxy: Arc::clone(&proxy),
             admit: Arc::clone(&admit),
             registry,
@@ -252,7 +241,7 @@ impl App {
             proxy,
             admit,
             admin_handler,
-            filters: filters.into_values().collect(),
+            filters,
             db,
         })
     }
@@ -328,33 +317,6 @@ impl App {
     }
 }
 
-/// Compiles what the edge believes and tells about clients (validation already checked
-/// every range).
-fn edge_policy(config: &Config, registry: &Registry) -> Result<EdgePolicy, AppError> {
-    let cidrs = |field: &str, list: &[String]| {
-        Cidrs::parse(list).map_err(|reason| AppError::Route {
-            route: field.to_owned(),
-            reason,
-        })
-    };
-    let budget = match &config.false_positive_budget {
-        Some(b) => {
-            crate::pipeline::budget::register(registry, b.per_client, b.window)?;
-            Some(Budget::new(b.per_client, b.window, b.slots))
-        }
-        None => None,
-    };
-    Ok(EdgePolicy {
-        trusted_proxies: cidrs("server.trusted_proxies", &config.server.trusted_proxies)?,
-        outcome_header: config.server.outcome_header,
-        outcome_header_clients: cidrs(
-            "server.outcome_header_clients",
-            &config.server.outcome_header_clients,
-        )?,
-        budget,
-    })
-}
-
 async fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {
     TcpListener::bind(addr)
         .await
@@ -386,5 +348,95 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderName;
+
+    use super::*;
+
+    const CONFIG: &str = r#"
+        [server]
+        listen = "127.0.0.1:0"
+        [admin]
+        listen = "127.0.0.1:0"
+        [upstream]
+        url = "http://127.0.0.1:3000"
+        [database]
+        url = "sqlite://data/never-opened.db"
+        [filters.products]
+        source_query = "SELECT sku_id FROM products"
+        expected_items = 1000
+        [[routes]]
+        path = "/api/products/{id}"
+        key = { segment = "id" }
+        filter = "products"
+        origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }
+        [[routes]]
+        path = "/api/product/info"
+        key = { query = "sku" }
+        filter = "products"
+        origin = { kind = "upstream" }
+        forward_headers = ["Accept-Language"]
+        [[write_through]]
+        path = "/api/products"
+        filter = "products"
+        key = { header = "location" }
+    "#;
+
+    /// `App::build` wires what compiling decided and reads none of those values from the
+    /// config again: spoiling them after compiling changes nothing.
+    #[tokio::test]
+    async fn build_wires_the_compiled_form_without_parsing_again() {
+        let config = Config::from_toml_str(CONFIG).expect("valid");
+        let mut compiled = config.compile().expect("compiles");
+        let spoiled = &mut compiled.config;
+        spoiled.routes[0].path = "no pattern".into();
+        spoiled.routes[1].forward_headers = vec!["not a header".into()];
+        spoiled.routes[1].filter = "gone".into();
+        spoiled.server.trusted_proxies = vec!["not a range".into()];
+        spoiled.write_through[0].methods = vec!["NOT A METHOD".into()];
+        if let Some(u) = &mut spoiled.upstream {
+            u.url = "https://elsewhere.test/path".into();
+        }
+        assert!(
+            spoiled.validate().is_err(),
+            "a second check would refuse it"
+        );
+
+        let app = App::build(compiled, Registry::new())
+            .await
+            .expect("builds from the compiled form");
+        let proxy = app.proxy();
+        let routes = proxy.routes();
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[0].pattern.matches("/api/products/7"), Some("7"));
+        assert_eq!(&*routes[0].label, "/api/products/{id}");
+        assert_eq!(routes[1].filter.name(), "products");
+        let Origin::Upstream(origin) = &routes[1].origin else {
+            panic!("route 1 has an upstream origin");
+        };
+        assert_eq!(
+            origin.forward_headers,
+            [HeaderName::from_static("accept-language")]
+        );
+        let target = origin.upstream.uri_for_target("/x").expect("a URI");
+        assert_eq!(target.to_string(), "http://127.0.0.1:3000/x");
+    }
+
+    #[tokio::test]
+    async fn bind_refuses_a_config_that_does_not_compile() {
+        let mut config = Config::from_toml_str(CONFIG).expect("valid");
+        config.routes[0].path = "no pattern".into();
+        match App::bind(config).await {
+            Err(AppError::Config(ConfigError::Invalid(problems))) => {
+                assert_eq!(problems.len(), 1, "{problems:?}");
+                assert_eq!(problems[0].field, "routes[0].path");
+            }
+            Err(e) => panic!("another error: {e}"),
+            Ok(_) => panic!("bound a config with a broken route"),
+        }
     }
 }

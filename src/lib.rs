@@ -26,7 +26,8 @@
 //!   which a key becomes present.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
 //! - [`metrics`]: the Prometheus families, by concern, on a registry passed in.
-//! - [`config`]: the TOML config, environment overrides and validation.
+//! - [`config`]: the TOML config, environment overrides, validation, and its compiled
+//!   form (patterns, sizes, header names, address ranges) that [`app`] wires.
 //! - [`app`]: wiring of all of the above from a config.
 //!
 //! Storage:

@@ -6,12 +6,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use bloomgate::config::{Config, LogFormat};
+use bloomgate::config::{Compiled, Config, LogFormat};
 mod cli;
 
 use bloomgate::{App, shutdown_signal};
 use clap::{Parser, Subcommand, ValueEnum};
 use cli::demo::{self, DemoOptions};
+use prometheus::Registry;
 use tracing_subscriber::EnvFilter;
 
 /// A caching reverse proxy with a Bloom gate against cache penetration.
@@ -93,13 +94,13 @@ const EXIT_CONFIG: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { config } => match Config::load(&config) {
+        Command::CheckConfig { config } => match Config::load_compiled(&config) {
             Ok(c) => {
                 println!(
                     "{}: ok ({} filters, {} routes)",
                     config.display(),
-                    c.filters.len(),
-                    c.routes.len()
+                    c.filters().len(),
+                    c.routes().len()
                 );
                 ExitCode::SUCCESS
             }
@@ -109,16 +110,16 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => {
-            let cfg = match Config::load(&config) {
+            let compiled = match Config::load_compiled(&config) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("{}: {e}", config.display());
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            let format = cli.log_format.map_or(cfg.log.format, to_format);
-            init_tracing(format, &cfg.log.level);
-            report(runtime().and_then(|rt| rt.block_on(serve(cfg))))
+            let log = &compiled.config().log;
+            init_tracing(cli.log_format.map_or(log.format, to_format), &log.level);
+            report(runtime().and_then(|rt| rt.block_on(serve(compiled))))
         }
         Command::Filter { command } => match command {
             FilterCommand::Inspect { path } => report(cli::filter::inspect(&path)),
@@ -161,8 +162,10 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let app = App::bind(cfg).await.context("starting bloomgate")?;
+async fn serve(compiled: Compiled) -> anyhow::Result<()> {
+    let app = App::build(compiled, Registry::new())
+        .await
+        .context("starting bloomgate")?;
     app.run(shutdown_signal()).await;
     Ok(())
 }

@@ -128,6 +128,61 @@ fn bad_configs_are_refused_with_the_field_named_and_exit_2() {
 }
 
 #[test]
+fn check_config_prints_every_problem_of_a_file_at_once() {
+    let text = r#"
+[server]
+listen = "127.0.0.1:0"
+max_body_bytes = 0
+[admin]
+listen = "127.0.0.1:0"
+token = "short"
+[upstream]
+url = "http://127.0.0.1:3000"
+[database]
+url = "sqlite://data/never-opened.db"
+[filters.products]
+source_query = "SELECT sku_id FROM products"
+expected_items = 1000
+false_positive_rate = 1.5
+[[routes]]
+path = "/api/products/{sku}"
+key = { segment = "id" }
+filter = "products"
+origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }
+[[write_through]]
+path = "/api/products"
+methods = ["POST", "NOT A METHOD"]
+filter = "products"
+key = { header = "location" }
+"#;
+    let path = write_config("several.toml", text);
+    let p = path.to_str().unwrap_or_default();
+    let fields = [
+        "server.max_body_bytes",
+        "admin.token",
+        "filters.products.false_positive_rate",
+        "routes[0].path",
+        "write_through[0].methods",
+    ];
+    for cmd in ["check-config", "serve"] {
+        let (code, out) = run(&[cmd, "--config", p], &[]);
+        assert_eq!(code, 2, "{cmd}: {out}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].ends_with("invalid config (5 problems):"),
+            "{cmd}: {out}"
+        );
+        assert_eq!(lines.len(), 1 + fields.len(), "{cmd}: {out}");
+        for (line, field) in lines[1..].iter().zip(fields) {
+            assert!(
+                line.trim_start().starts_with(&format!("{field}: ")),
+                "{cmd}: `{field}` not on its own line in: {out}"
+            );
+        }
+    }
+}
+
+#[test]
 fn environment_variables_override_the_file() {
     let path = write_config("ok.toml", VALID);
     let p = path.to_str().unwrap_or_default();
@@ -151,6 +206,43 @@ fn environment_variables_override_the_file() {
         &[("BLOOMGATE__CACHE__TTL", "90s")],
     );
     assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn an_all_digit_token_from_the_environment_is_text() {
+    let path = write_config("ok.toml", VALID);
+    let p = path.to_str().unwrap_or_default();
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__ADMIN__TOKEN", "00123456")],
+    );
+    assert_eq!(code, 0, "{out}");
+    // Read as text, so the token rule sees it: too short, not a type error.
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__ADMIN__TOKEN", "1234")],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("admin.token: must be at least 8 characters"),
+        "{out}"
+    );
+    // Number fields still read numbers, and still refuse text.
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__SERVER__MAX_BODY_BYTES", "0")],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("server.max_body_bytes: must be greater than 0"),
+        "{out}"
+    );
+    let (code, out) = run(
+        &["check-config", "--config", p],
+        &[("BLOOMGATE__SERVER__MAX_BODY_BYTES", "plenty")],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("server.max_body_bytes"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

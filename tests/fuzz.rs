@@ -12,7 +12,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use bloomgate::config::{Config, ConfigError, Normalize};
+use bloomgate::config::{Config, ConfigError, Normalize, Problem};
 use bloomgate::filter::snapshot::{self, FORMAT_VERSION, MAGIC, Snapshot, SnapshotError};
 use bloomgate::filter::{BLOCK_BITS, BloomFilter, BloomParams, MAX_BITS};
 use bloomgate::key::{KeyBytes, KeyError, NormKey, normalize};
@@ -694,11 +694,14 @@ fn check_config(text: &str) -> Result<(), TestCaseError> {
         Err(e) => {
             let message = e.to_string();
             prop_assert!(!message.trim().is_empty(), "empty message for {:?}", e);
-            if let ConfigError::Invalid { field, reason } = &e {
-                prop_assert!(!reason.trim().is_empty(), "{:?}", e);
-                prop_assert!(message.contains(field.as_str()), "{}", message);
-                let section = field.split(['.', '[']).next().unwrap_or_default();
-                prop_assert!(SECTIONS.contains(&section), "{:?} names no field", field);
+            if let ConfigError::Invalid(problems) = &e {
+                prop_assert!(!problems.is_empty(), "{:?}", e);
+                for Problem { field, reason } in problems {
+                    prop_assert!(!reason.trim().is_empty(), "{:?}", e);
+                    prop_assert!(message.contains(field.as_str()), "{}", message);
+                    let section = field.split(['.', '[']).next().unwrap_or_default();
+                    prop_assert!(SECTIONS.contains(&section), "{:?} names no field", field);
+                }
             }
         }
     }

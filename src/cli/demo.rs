@@ -142,3 +142,41 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     app.run(shutdown_signal()).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use bloomgate::config::{CompiledOrigin, Normalize};
+    use bloomgate::filter::BloomParams;
+
+    use super::*;
+
+    #[test]
+    fn the_demo_config_compiles_to_two_sql_routes_on_one_filter() {
+        let opts = DemoOptions {
+            products: 10,
+            db_path: PathBuf::from("data/demo.db"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let config = Config::from_toml_str(&demo_config_toml(&opts, 5_000)).expect("valid");
+        let c = config.compile().expect("compiles");
+        assert!(c.upstream().is_none());
+        assert!(c.write_through().is_empty());
+        assert_eq!(c.filters().len(), 1);
+        assert_eq!(
+            c.filters()[0].params,
+            BloomParams::optimal(5_000, 0.01).expect("valid parameters")
+        );
+        let labels: Vec<&str> = c.routes().iter().map(|r| &*r.label).collect();
+        assert_eq!(labels, ["product_by_path", "product_info"]);
+        for r in c.routes() {
+            assert_eq!(r.filter, 0);
+            assert_eq!(r.normalize, Normalize::Integer);
+            assert_eq!(r.ttl, Duration::from_secs(300));
+            assert_eq!(r.negative_ttl, Duration::from_secs(30));
+            assert!(matches!(r.origin, CompiledOrigin::Sql { .. }), "{r:?}");
+        }
+        assert_eq!(c.routes()[0].pattern.matches("/api/products/9"), Some("9"));
+        assert_eq!(c.routes()[1].query.key.as_deref(), Some("sku_id"));
+    }
+}

@@ -1,43 +1,67 @@
 //! Configuration: the serde model behind `config.toml` (`model`), its environment
-//! overrides (`BLOOMGATE__SECTION__FIELD`), loading, and the rules serde cannot express
-//! (`validate`). It reads and checks; it does not open sockets or databases.
+//! overrides (`BLOOMGATE__SECTION__FIELD`), loading, the rules serde cannot express
+//! (`validate`), and the runtime forms the app wires, computed once (`compile`). It
+//! reads, checks and compiles; it does not open sockets or databases.
 
+mod compile;
+mod env;
 mod model;
 mod validate;
 
 use std::path::Path;
 
 use figment::Figment;
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Format, Toml};
 
+pub use compile::{
+    Compiled, CompiledFilter, CompiledOrigin, CompiledRoute, CompiledUpstream, CompiledWriteThrough,
+};
 pub use model::*;
 
 /// Prefix of the environment variables that override config fields; nested fields are
-/// separated by a double underscore: `BLOOMGATE__SERVER__LISTEN=0.0.0.0:8081`.
+/// separated by a double underscore: `BLOOMGATE__SERVER__LISTEN=0.0.0.0:8081`. A field
+/// that wants text takes the variable's text as written, digits included.
 pub const ENV_PREFIX: &str = "BLOOMGATE__";
 
-/// A config that could not be read or does not make sense. Both variants name the field.
+/// A config that could not be read or does not make sense.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file or an environment variable could not be parsed into the structs
     /// (unknown field, wrong type, bad duration, …). figment's message names the key path.
     #[error("{0}")]
     Parse(String),
-    /// The values parsed but break a rule.
-    #[error("invalid config: `{field}`: {reason}")]
-    Invalid {
-        /// Dotted path of the offending field, e.g. `routes[0].origin.query`.
-        field: String,
-        /// Why it is refused.
-        reason: String,
-    },
+    /// The values parsed but break rules: every broken rule of the file, in file order,
+    /// each naming its field.
+    #[error("{}", list_problems(.0))]
+    Invalid(Vec<Problem>),
 }
 
-impl ConfigError {
-    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            field: field.into(),
-            reason: reason.into(),
+/// One broken rule of a config: the field, by its TOML path, and why it is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// TOML path of the offending field, e.g. `routes[0].origin.query`.
+    pub field: String,
+    /// Why it is refused.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// One problem on the same line as the heading; several one per line below it.
+fn list_problems(problems: &[Problem]) -> String {
+    match problems {
+        [one] => format!("invalid config: {one}"),
+        many => {
+            let mut text = format!("invalid config ({} problems):", many.len());
+            for p in many {
+                text.push_str("\n  ");
+                text.push_str(&p.to_string());
+            }
+            text
         }
     }
 }
@@ -45,37 +69,40 @@ impl ConfigError {
 impl Config {
     /// Parses a TOML string, without environment overrides, and validates it.
     pub fn from_toml_str(toml: &str) -> Result<Config, ConfigError> {
-        Self::extract(Figment::from(Toml::string(toml)))
+        Self::extract(Figment::from(Toml::string(toml)), false).map(Compiled::into_config)
     }
 
     /// Reads a TOML file, applies `BLOOMGATE__…` environment overrides, validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Self::load_compiled(path).map(Compiled::into_config)
+    }
+
+    /// As [`Config::load`], keeping what validation compiled, for [`crate::App::build`].
+    pub fn load_compiled(path: &Path) -> Result<Compiled, ConfigError> {
         if !path.exists() {
             return Err(ConfigError::Parse(format!(
                 "config file {} does not exist",
                 path.display()
             )));
         }
-        let figment = Figment::from(Toml::file_exact(path)).merge(env_overrides());
-        Self::extract(figment)
+        Self::extract(Figment::from(Toml::file_exact(path)), true)
     }
 
     /// Builds a config from a TOML string and the environment overrides.
     pub fn from_toml_str_with_env(toml: &str) -> Result<Config, ConfigError> {
-        Self::extract(Figment::from(Toml::string(toml)).merge(env_overrides()))
+        Self::extract(Figment::from(Toml::string(toml)), true).map(Compiled::into_config)
     }
 
-    fn extract(figment: Figment) -> Result<Config, ConfigError> {
-        let config: Config = figment
-            .extract()
-            .map_err(|e| ConfigError::Parse(describe_figment_error(e)))?;
-        config.validate()?;
-        Ok(config)
+    /// Deserialises `base`, with the environment overrides when `with_env`, and compiles.
+    fn extract(base: Figment, with_env: bool) -> Result<Compiled, ConfigError> {
+        let config = if with_env {
+            env::extract(base, std::env::vars_os())
+        } else {
+            base.extract::<Config>().map_err(Box::new)
+        }
+        .map_err(|e| ConfigError::Parse(describe_figment_error(*e)))?;
+        config.compile()
     }
-}
-
-fn env_overrides() -> Env {
-    Env::prefixed(ENV_PREFIX).split("__")
 }
 
 fn describe_figment_error(e: figment::Error) -> String {

@@ -15,7 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::config::UpstreamConfig;
+use crate::config::CompiledUpstream;
 
 /// Request bodies sent upstream: empty (origin fetches) or the client's body, bounded,
 /// its read errors marked as the client's (see [`client_body`]).
@@ -54,9 +54,6 @@ pub enum UpstreamError {
     /// Connecting or exchanging failed.
     #[error("upstream request failed: {0}")]
     Request(#[source] hyper_util::client::legacy::Error),
-    /// The configured upstream URL is not `http://host:port`.
-    #[error("upstream URL {0:?} is not of the form http://host:port")]
-    BadUrl(String),
     /// The configured URL and request path do not form a URI.
     #[error("cannot build the upstream URI: {0}")]
     Uri(#[from] http::Error),
@@ -71,13 +68,10 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Builds the client and its connection pool (no connection is opened yet).
-    pub fn new(config: &UpstreamConfig) -> Result<Upstream, UpstreamError> {
-        let base: Uri = config
-            .url
-            .parse()
-            .map_err(|_| UpstreamError::BadUrl(config.url.clone()))?;
-        let parts = base.into_parts();
+    /// Builds the client and its connection pool (no connection is opened yet) for the
+    /// `http://host:port` that config compilation read.
+    pub fn new(upstream: &CompiledUpstream) -> Upstream {
+        let config = &upstream.settings;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.timeout));
@@ -88,14 +82,12 @@ impl Upstream {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
-        Ok(Upstream {
+        Upstream {
             client,
-            scheme: parts.scheme.unwrap_or(Scheme::HTTP),
-            authority: parts
-                .authority
-                .ok_or_else(|| UpstreamError::BadUrl(config.url.clone()))?,
+            scheme: Scheme::HTTP,
+            authority: upstream.authority.clone(),
             timeout: config.timeout,
-        })
+        }
     }
 
     /// The upstream URI for a request's path and query.

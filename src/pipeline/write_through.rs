@@ -17,7 +17,7 @@ use prometheus::IntCounter;
 
 use super::ProxyBody;
 use super::route::PathPattern;
-use crate::config::{WriteKey, WriteThroughConfig};
+use crate::config::{CompiledWriteThrough, WriteKey, WriteThroughConfig};
 use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
 use crate::key::normalize;
@@ -70,6 +70,24 @@ impl WriteThrough {
             status.is_success()
         } else {
             self.statuses.contains(&status)
+        }
+    }
+
+    /// A rule from its compiled form; `filter` is the filter at `rule.filter`.
+    pub fn from_compiled(
+        rule: CompiledWriteThrough,
+        filter: Arc<Filter>,
+        admit: Arc<Admit>,
+        added: IntCounter,
+    ) -> WriteThrough {
+        WriteThrough {
+            pattern: rule.pattern,
+            methods: rule.methods,
+            statuses: rule.statuses,
+            key: rule.key,
+            filter,
+            admit,
+            added,
         }
     }
 

@@ -1,0 +1,553 @@
+//! Compiling: a config becomes the runtime forms the app wires — route patterns, query
+//! rules, header names and statuses, filter sizes, address ranges, the upstream's
+//! authority — each made once, by the same step that checks it, together with the rules
+//! of `validate`. [`Config::compile`] is the one entry; `App` takes its [`Compiled`] and
+//! re-checks nothing. It opens nothing: no socket, pool or client.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::uri::Authority;
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+
+use super::validate::Problems;
+use super::{
+    Config, ConfigError, FilterConfig, KeySource, Normalize, OriginConfig, RouteConfig, RouteMode,
+    UndeclaredQuery, UpstreamConfig, WriteKey, WriteThroughConfig,
+};
+use crate::filter::BloomParams;
+use crate::pipeline::client::Cidrs;
+use crate::pipeline::route::{MatchOptions, PathPattern, QueryRules};
+
+/// A config that passed every rule, and everything decided from it. Only
+/// [`Config::compile`] makes one, so what it holds is consistent: every route's and
+/// write-through rule's filter is in [`Compiled::filters`], every upstream origin has
+/// [`Compiled::upstream`], every sql origin has `[database]`.
+#[derive(Debug)]
+pub struct Compiled {
+    pub(crate) config: Config,
+    pub(crate) upstream: Option<CompiledUpstream>,
+    pub(crate) filters: Vec<CompiledFilter>,
+    pub(crate) routes: Vec<CompiledRoute>,
+    pub(crate) write_through: Vec<CompiledWriteThrough>,
+    pub(crate) trusted_proxies: Cidrs,
+    pub(crate) outcome_header_clients: Cidrs,
+}
+
+impl Compiled {
+    /// The config it was compiled from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The config it was compiled from, given back.
+    pub fn into_config(self) -> Config {
+        self.config
+    }
+
+    /// `[upstream]`, when configured.
+    pub fn upstream(&self) -> Option<&CompiledUpstream> {
+        self.upstream.as_ref()
+    }
+
+    /// The filters, in name order; routes and write-through rules refer to them by
+    /// position.
+    pub fn filters(&self) -> &[CompiledFilter] {
+        &self.filters
+    }
+
+    /// The guarded routes, in match order.
+    pub fn routes(&self) -> &[CompiledRoute] {
+        &self.routes
+    }
+
+    /// The write-through rules, in match order.
+    pub fn write_through(&self) -> &[CompiledWriteThrough] {
+        &self.write_through
+    }
+
+    /// `server.trusted_proxies`.
+    pub fn trusted_proxies(&self) -> &Cidrs {
+        &self.trusted_proxies
+    }
+
+    /// `server.outcome_header_clients`.
+    pub fn outcome_header_clients(&self) -> &Cidrs {
+        &self.outcome_header_clients
+    }
+}
+
+/// `[upstream]` with its URL read.
+#[derive(Debug, Clone)]
+pub struct CompiledUpstream {
+    /// The section as written.
+    pub settings: UpstreamConfig,
+    /// `host:port` of `upstream.url` (its scheme is `http`, its path empty).
+    pub authority: Authority,
+}
+
+/// One filter with its size.
+#[derive(Debug, Clone)]
+pub struct CompiledFilter {
+    /// Its name in `[filters]`.
+    pub name: String,
+    /// The section as written.
+    pub settings: FilterConfig,
+    /// `BloomParams::optimal` of `expected_items` and `false_positive_rate`: the size of
+    /// a build that finds no more keys than expected.
+    pub params: BloomParams,
+}
+
+/// One guarded route, ready to match requests.
+#[derive(Debug, Clone)]
+pub struct CompiledRoute {
+    /// Position in `routes`, part of cache keys.
+    pub id: u16,
+    /// Name for metric labels and logs.
+    pub label: Arc<str>,
+    /// Path pattern and key source.
+    pub pattern: PathPattern,
+    /// Which query parameters are read, forwarded or refused.
+    pub query: QueryRules,
+    /// The key normaliser (the filter's).
+    pub normalize: Normalize,
+    /// Position of its filter in [`Compiled::filters`].
+    pub filter: usize,
+    /// Enforce, shadow or off.
+    pub mode: RouteMode,
+    /// Positive TTL (the route's, else `cache.ttl`).
+    pub ttl: Duration,
+    /// Negative TTL (the route's, else `cache.negative_ttl`).
+    pub negative_ttl: Duration,
+    /// Where found keys are fetched from.
+    pub origin: CompiledOrigin,
+}
+
+impl CompiledRoute {
+    /// Whether answers differ by forwarded query parameters or headers, so cache keys
+    /// carry a variant.
+    pub fn has_variants(&self) -> bool {
+        !self.query.forward.is_empty()
+            || matches!(&self.origin, CompiledOrigin::Upstream { forward_headers, .. } if !forward_headers.is_empty())
+    }
+}
+
+/// A route's origin, ready to ask.
+#[derive(Debug, Clone)]
+pub enum CompiledOrigin {
+    /// A query against `[database]`.
+    Sql {
+        /// The lookup, with one `?` for the key.
+        query: Arc<str>,
+        /// Longest time a lookup may take.
+        timeout: Duration,
+    },
+    /// A request to `[upstream]`.
+    Upstream {
+        /// Statuses meaning "no such key".
+        not_found: Vec<StatusCode>,
+        /// Request headers forwarded (lower case).
+        forward_headers: Vec<HeaderName>,
+        /// Headers set on every request.
+        headers: Vec<(HeaderName, HeaderValue)>,
+    },
+}
+
+/// One write-through rule, ready to match writes.
+#[derive(Debug, Clone)]
+pub struct CompiledWriteThrough {
+    /// Path pattern of the write.
+    pub pattern: PathPattern,
+    /// Methods that count as writes (upper case).
+    pub methods: Vec<Method>,
+    /// Upstream statuses meaning success; empty means any 2xx.
+    pub statuses: Vec<StatusCode>,
+    /// Where the new key is read from.
+    pub key: WriteKey,
+    /// Position of its filter in [`Compiled::filters`].
+    pub filter: usize,
+}
+
+impl Config {
+    /// Checks every rule and compiles the runtime forms. The error lists every broken
+    /// rule, each naming its field, in file order.
+    pub fn compile(&self) -> Result<Compiled, ConfigError> {
+        let mut p = Problems::default();
+        self.check_server(&mut p);
+        let trusted_proxies = p
+            .check(
+                "server.trusted_proxies",
+                Cidrs::parse(&self.server.trusted_proxies),
+            )
+            .unwrap_or_default();
+        let outcome_header_clients = p
+            .check(
+                "server.outcome_header_clients",
+                Cidrs::parse(&self.server.outcome_header_clients),
+            )
+            .unwrap_or_default();
+        self.check_admin(&mut p);
+        let upstream = self.upstream.as_ref().and_then(|settings| {
+            let authority = p.check("upstream.url", upstream_authority(&settings.url))?;
+            Some(CompiledUpstream {
+                settings: settings.clone(),
+                authority,
+            })
+        });
+        self.check_backends(&mut p);
+        self.check_cache(&mut p);
+        let mut filters = Vec::with_capacity(self.filters.len());
+        for (name, f) in &self.filters {
+            super::validate::check_filter(name, f, &mut p);
+            if let Some(params) = filter_params(name, f, &mut p) {
+                filters.push(CompiledFilter {
+                    name: name.clone(),
+                    settings: f.clone(),
+                    params,
+                });
+            }
+        }
+        let positions: BTreeMap<&str, usize> = self
+            .filters
+            .keys()
+            .enumerate()
+            .map(|(i, name)| (name.as_str(), i))
+            .collect();
+        let mut routes = Vec::with_capacity(self.routes.len());
+        let mut labels = HashSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            let Ok(id) = u16::try_from(i) else {
+                p.add(
+                    "routes",
+                    format!("at most {} routes", usize::from(u16::MAX) + 1),
+                );
+                break;
+            };
+            routes.extend(self.compile_route(id, r, &positions, &mut labels, &mut p));
+        }
+        let mut write_through = Vec::with_capacity(self.write_through.len());
+        for (i, w) in self.write_through.iter().enumerate() {
+            write_through.extend(compile_write_through(i, w, &positions, &mut p));
+        }
+        self.check_budget(&mut p);
+        // Every part that failed to compile left a problem, so with none, all are here.
+        p.into_result()?;
+        Ok(Compiled {
+            config: self.clone(),
+            upstream,
+            filters,
+            routes,
+            write_through,
+            trusted_proxies,
+            outcome_header_clients,
+        })
+    }
+
+    fn compile_route(
+        &self,
+        id: u16,
+        r: &RouteConfig,
+        filters: &BTreeMap<&str, usize>,
+        labels: &mut HashSet<String>,
+        p: &mut Problems,
+    ) -> Option<CompiledRoute> {
+        let at = |field: &str| format!("routes[{id}].{field}");
+        let before = p.len();
+        let pattern = p.check(
+            at("path"),
+            PathPattern::parse(&r.path, &r.key, MatchOptions::of(r)),
+        );
+        let forwarding = compile_forwarding(r, &at, p);
+        if !labels.insert(r.label().to_owned()) {
+            p.add(
+                at("name"),
+                format!("route name `{}` is used twice", r.label()),
+            );
+        }
+        let filter = match filters.get(r.filter.as_str()) {
+            None => {
+                p.add(
+                    at("filter"),
+                    format!("no filter named `{}` in [filters]", r.filter),
+                );
+                None
+            }
+            Some(&filter) => {
+                if let Some(n) = &r.normalize
+                    && self
+                        .filters
+                        .get(&r.filter)
+                        .is_some_and(|f| &f.normalize != n)
+                {
+                    p.add(
+                        at("normalize"),
+                        format!(
+                            "must match filters.{}.normalize, or the loader and the route would disagree on keys",
+                            r.filter
+                        ),
+                    );
+                }
+                Some(filter)
+            }
+        };
+        let origin = match &r.origin {
+            OriginConfig::Sql { query, timeout } => {
+                let marks = query.matches('?').count();
+                if query.trim().is_empty() {
+                    p.add(at("origin.query"), "must not be empty");
+                } else if marks != 1 {
+                    p.add(
+                        at("origin.query"),
+                        format!("needs exactly one `?` placeholder for the key, found {marks}"),
+                    );
+                }
+                if timeout.is_zero() {
+                    p.add(at("origin.timeout"), "must be greater than 0");
+                }
+                CompiledOrigin::Sql {
+                    query: Arc::from(query.as_str()),
+                    timeout: *timeout,
+                }
+            }
+            OriginConfig::Upstream { not_found_statuses } => CompiledOrigin::Upstream {
+                not_found: not_found_statuses
+                    .iter()
+                    .filter_map(|&s| p.check(at("origin.not_found_statuses"), status(s)))
+                    .collect(),
+                forward_headers: forwarding.headers,
+                headers: forwarding.set,
+            },
+        };
+        for (field, ttl) in [("ttl", r.ttl), ("negative_ttl", r.negative_ttl)] {
+            if ttl.is_some_and(|t| t.is_zero()) {
+                p.add(at(field), "must be greater than 0");
+            }
+        }
+        if p.len() > before {
+            return None;
+        }
+        Some(CompiledRoute {
+            id,
+            label: Arc::from(r.label()),
+            pattern: pattern?,
+            query: QueryRules {
+                key: match &r.key {
+                    KeySource::Query(name) => Some(name.clone()),
+                    KeySource::Segment(_) => None,
+                },
+                forward: r.forward_query.clone(),
+                reject_undeclared: r.undeclared_query == UndeclaredQuery::Reject,
+            },
+            normalize: self.route_normalize(r),
+            filter: filter?,
+            mode: r.mode,
+            ttl: r.ttl.unwrap_or(self.cache.ttl),
+            negative_ttl: r.negative_ttl.unwrap_or(self.cache.negative_ttl),
+            origin,
+        })
+    }
+}
+
+/// The size of filter `name`, when its `expected_items` and `false_positive_rate` are
+/// each valid and together fit.
+fn filter_params(name: &str, f: &FilterConfig, p: &mut Problems) -> Option<BloomParams> {
+    let at = |field: &str| format!("filters.{name}.{field}");
+    let items_ok = f.expected_items > 0;
+    if !items_ok {
+        p.add(at("expected_items"), "must be at least 1");
+    }
+    // A gate that lets more than half of the absent keys through protects nothing, and
+    // sizing a filter for a rate near 1 takes time that grows with the items.
+    let rate = f.false_positive_rate;
+    let rate_ok = rate > 0.0 && rate <= 0.5;
+    if rate > 0.5 {
+        p.add(at("false_positive_rate"), format!("{rate} is above 0.5"));
+    } else if !rate_ok {
+        p.add(
+            at("false_positive_rate"),
+            format!("must be greater than 0, got {rate}"),
+        );
+    }
+    if !(items_ok && rate_ok) {
+        return None;
+    }
+    p.check(
+        at("false_positive_rate"),
+        BloomParams::optimal(f.expected_items, rate),
+    )
+}
+
+/// Request headers that are never forwarded to an origin as declared headers: they
+/// describe the connection or the hop, or bloomgate sets them itself.
+const NOT_FORWARDABLE: [&str; 12] = [
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "if-none-match",
+    "if-modified-since",
+];
+
+/// What an upstream origin sends besides the key.
+#[derive(Default)]
+struct Forwarding {
+    /// `forward_headers`, lower case.
+    headers: Vec<HeaderName>,
+    /// `upstream_headers`.
+    set: Vec<(HeaderName, HeaderValue)>,
+}
+
+fn compile_forwarding(
+    r: &RouteConfig,
+    at: &dyn Fn(&str) -> String,
+    p: &mut Problems,
+) -> Forwarding {
+    let mut out = Forwarding::default();
+    if !matches!(r.origin, OriginConfig::Upstream { .. }) {
+        if !r.forward_query.is_empty()
+            || !r.forward_headers.is_empty()
+            || !r.upstream_headers.is_empty()
+        {
+            p.add(
+                at("forward_query"),
+                "forward_query, forward_headers and upstream_headers apply to upstream origins only",
+            );
+        }
+        return out;
+    }
+    let mut seen = HashSet::new();
+    for name in &r.forward_query {
+        if name.is_empty() || !seen.insert(name.to_ascii_lowercase()) {
+            p.add(
+                at("forward_query"),
+                format!("`{name}` is empty or listed twice (names match in any case)"),
+            );
+        } else if let KeySource::Query(key) = &r.key
+            && key.eq_ignore_ascii_case(name)
+        {
+            p.add(
+                at("forward_query"),
+                format!("`{name}` is the key parameter; it is always sent, canonical"),
+            );
+        }
+    }
+    let mut seen = HashSet::new();
+    let mut declare = |field: &str, name: &str, p: &mut Problems| -> Option<HeaderName> {
+        let lower = name.to_ascii_lowercase();
+        let Ok(header) = HeaderName::from_bytes(lower.as_bytes()) else {
+            p.add(at(field), format!("`{name}` is not a header name"));
+            return None;
+        };
+        if NOT_FORWARDABLE.contains(&lower.as_str()) {
+            p.add(
+                at(field),
+                format!(
+                    "`{name}` is a hop-by-hop or conditional header that bloomgate handles itself"
+                ),
+            );
+            return None;
+        }
+        if !seen.insert(lower) {
+            p.add(
+                at(field),
+                format!("`{name}` is listed twice (forward_headers and upstream_headers included)"),
+            );
+            return None;
+        }
+        Some(header)
+    };
+    for name in &r.forward_headers {
+        out.headers.extend(declare("forward_headers", name, p));
+    }
+    for (name, value) in &r.upstream_headers {
+        let header = declare("upstream_headers", name, p);
+        let Ok(value) = HeaderValue::from_str(value) else {
+            p.add(
+                at("upstream_headers"),
+                format!("the value of `{name}` is not a valid header value"),
+            );
+            continue;
+        };
+        out.set.extend(header.map(|h| (h, value)));
+    }
+    out
+}
+
+fn compile_write_through(
+    i: usize,
+    w: &WriteThroughConfig,
+    filters: &BTreeMap<&str, usize>,
+    p: &mut Problems,
+) -> Option<CompiledWriteThrough> {
+    let at = |field: &str| format!("write_through[{i}].{field}");
+    let before = p.len();
+    let pattern = p.check(at("path"), PathPattern::parse_write(&w.path, &w.key));
+    let filter = filters.get(w.filter.as_str()).copied();
+    if filter.is_none() {
+        p.add(
+            at("filter"),
+            format!("no filter named `{}` in [filters]", w.filter),
+        );
+    }
+    if w.methods.is_empty() {
+        p.add(at("methods"), "must not be empty");
+    }
+    let methods = w
+        .methods
+        .iter()
+        .filter_map(|m| {
+            let method = Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| format!("`{m}` is not an HTTP method"));
+            p.check(at("methods"), method)
+        })
+        .collect();
+    let statuses = w
+        .statuses
+        .iter()
+        .filter_map(|&s| p.check(at("statuses"), status(s)))
+        .collect();
+    if p.len() > before {
+        return None;
+    }
+    Some(CompiledWriteThrough {
+        pattern: pattern?,
+        methods,
+        statuses,
+        key: w.key.clone(),
+        filter: filter?,
+    })
+}
+
+/// An HTTP status as a response carries it (100 to 599).
+fn status(code: u16) -> Result<StatusCode, String> {
+    match StatusCode::from_u16(code) {
+        Ok(s) if (100..=599).contains(&code) => Ok(s),
+        _ => Err(format!("{code} is not an HTTP status")),
+    }
+}
+
+/// The `host:port` of an upstream URL of the form `http://host:port`.
+fn upstream_authority(url: &str) -> Result<Authority, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("must start with http:// (terminate TLS in front of the upstream)".into());
+    }
+    let has_path = uri.path() != "/" && !uri.path().is_empty();
+    let Some(authority) = uri.into_parts().authority else {
+        return Err("needs a host and port".into());
+    };
+    if has_path {
+        return Err("must not carry a path: requests keep their own path".into());
+    }
+    Ok(authority)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,325 @@
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::super::*;
+
+/// A valid config that touches every section, with two filters and three routes so that
+/// mistakes in different places do not meet.
+const BASE: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+trusted_proxies = ["10.0.0.0/8"]
+outcome_header = "trusted"
+outcome_header_clients = ["127.0.0.0/8"]
+
+[admin]
+listen = "127.0.0.1:0"
+token = "a-long-enough-token"
+
+[upstream]
+url = "http://127.0.0.1:3000"
+
+[database]
+url = "mysql://u:p@127.0.0.1:3306/shop"
+max_connections = 8
+min_connections = 2
+
+[filters.products]
+source_query = "SELECT sku_id FROM products"
+expected_items = 1000
+sync = { query = "SELECT sku_id, updated_at FROM products WHERE updated_at >= ?" }
+
+[filters.skus]
+source_query = "SELECT code FROM skus"
+expected_items = 500
+false_positive_rate = 0.001
+normalize = { kind = "string", lowercase = true, max_len = 64 }
+
+[[routes]]
+name = "product"
+path = "/api/products/{id}"
+key = { segment = "id" }
+filter = "products"
+origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }
+
+[[routes]]
+name = "sku"
+path = "/api/sku"
+key = { query = "code" }
+filter = "skus"
+origin = { kind = "upstream" }
+forward_query = ["lang"]
+forward_headers = ["accept-language"]
+upstream_headers = { "x-api-key" = "secret" }
+
+[[routes]]
+name = "product-upstream"
+path = "/v2/products/{id}"
+key = { segment = "id" }
+filter = "products"
+origin = { kind = "upstream" }
+
+[[write_through]]
+path = "/api/products"
+filter = "products"
+key = { json = "data.sku_id" }
+
+[false_positive_budget]
+per_client = 10
+"#;
+
+fn base() -> Config {
+    Config::from_toml_str(BASE).expect("the base config is valid")
+}
+
+/// The problems `validate` reports for `config`, empty when it is valid.
+fn problems(config: &Config) -> Vec<Problem> {
+    match config.validate() {
+        Ok(()) => Vec::new(),
+        Err(ConfigError::Invalid(p)) => p,
+        Err(e) => panic!("not a validation error: {e}"),
+    }
+}
+
+fn fields(problems: &[Problem]) -> Vec<&str> {
+    problems.iter().map(|p| p.field.as_str()).collect()
+}
+
+type Mistake = (&'static str, fn(&mut Config));
+
+/// One mistake each, in a field no other entry touches or reads, with the field it must
+/// be reported at. Any subset of them can be made at once.
+const MISTAKES: &[Mistake] = &[
+    ("server.max_body_bytes", |c| c.server.max_body_bytes = 0),
+    // Below hyper's floor, and now below max_uri_bytes too: still one problem.
+    ("server.max_header_bytes", |c| {
+        c.server.max_header_bytes = 4096
+    }),
+    ("server.trusted_proxies", |c| {
+        c.server.trusted_proxies = vec!["10.0.0.0/33".into()]
+    }),
+    ("server.outcome_header_clients", |c| {
+        c.server.outcome_header_clients.clear()
+    }),
+    ("server.header_read_timeout", |c| {
+        c.server.header_read_timeout = Duration::ZERO
+    }),
+    ("admin.token", |c| c.admin.token = Some("short".into())),
+    ("upstream.url", |c| {
+        if let Some(u) = &mut c.upstream {
+            u.url = "https://example.test".into();
+        }
+    }),
+    ("upstream.timeout", |c| {
+        if let Some(u) = &mut c.upstream {
+            u.timeout = Duration::ZERO;
+        }
+    }),
+    ("database.url", |c| {
+        if let Some(d) = &mut c.database {
+            d.url = "postgres://db".into();
+        }
+    }),
+    // min_connections (2) now exceeds it, but that follows from this one mistake.
+    ("database.max_connections", |c| {
+        if let Some(d) = &mut c.database {
+            d.max_connections = 0;
+        }
+    }),
+    ("database.acquire_timeout", |c| {
+        if let Some(d) = &mut c.database {
+            d.acquire_timeout = Duration::ZERO;
+        }
+    }),
+    ("cache.max_entries", |c| c.cache.max_entries = 0),
+    ("cache.ttl", |c| c.cache.ttl = Duration::ZERO),
+    ("cache.negative_ttl", |c| {
+        c.cache.negative_ttl = Duration::ZERO
+    }),
+    ("filters.products.expected_items", |c| {
+        filter(c, "products").expected_items = 0
+    }),
+    ("filters.skus.false_positive_rate", |c| {
+        filter(c, "skus").false_positive_rate = 1.5
+    }),
+    ("filters.products.capacity_warn_ratio", |c| {
+        filter(c, "products").capacity_warn_ratio = 0.0
+    }),
+    ("filters.skus.source_query", |c| {
+        filter(c, "skus").source_query = " ".into()
+    }),
+    ("filters.products.sync.query", |c| {
+        if let Some(s) = &mut filter(c, "products").sync {
+            s.query = "SELECT sku_id, updated_at FROM products".into();
+        }
+    }),
+    ("filters.products.load_retry_initial", |c| {
+        filter(c, "products").load_retry_initial = Duration::ZERO
+    }),
+    ("routes[0].path", |c| {
+        c.routes[0].path = "api/products/{id}".into()
+    }),
+    ("routes[0].origin.query", |c| {
+        c.routes[0].origin = OriginConfig::Sql {
+            query: "SELECT * FROM products WHERE sku_id = 1".into(),
+            timeout: Duration::from_secs(2),
+        }
+    }),
+    ("routes[0].ttl", |c| c.routes[0].ttl = Some(Duration::ZERO)),
+    ("routes[1].filter", |c| c.routes[1].filter = "nope".into()),
+    ("routes[1].forward_headers", |c| {
+        c.routes[1].forward_headers = vec!["Host".into()]
+    }),
+    ("routes[1].forward_query", |c| {
+        c.routes[1].forward_query = vec!["lang".into(), "LANG".into()]
+    }),
+    ("routes[2].name", |c| {
+        c.routes[2].name = Some("product".into())
+    }),
+    ("routes[2].origin.not_found_statuses", |c| {
+        c.routes[2].origin = OriginConfig::Upstream {
+            not_found_statuses: vec![404, 999],
+        }
+    }),
+    ("write_through[0].methods", |c| {
+        c.write_through[0].methods = vec!["POST".into(), "NOT A METHOD".into()]
+    }),
+    ("write_through[0].statuses", |c| {
+        c.write_through[0].statuses = vec![42]
+    }),
+    ("write_through[0].filter", |c| {
+        c.write_through[0].filter = "nope".into()
+    }),
+    ("write_through[0].path", |c| {
+        c.write_through[0].path = "api/products".into()
+    }),
+    ("false_positive_budget.slots", |c| {
+        if let Some(b) = &mut c.false_positive_budget {
+            b.slots = 1;
+        }
+    }),
+    ("false_positive_budget.per_client", |c| {
+        if let Some(b) = &mut c.false_positive_budget {
+            b.per_client = 0;
+        }
+    }),
+];
+
+/// Mistakes that remove what other fields refer to: each alone is still one problem,
+/// however many fields depend on it.
+const MISSING: &[Mistake] = &[
+    ("database", |c| c.database = None),
+    ("upstream", |c| c.upstream = None),
+];
+
+fn filter<'c>(c: &'c mut Config, name: &str) -> &'c mut FilterConfig {
+    c.filters
+        .get_mut(name)
+        .expect("the base config has this filter")
+}
+
+#[test]
+fn each_mistake_alone_is_one_problem_at_its_field() {
+    assert_eq!(problems(&base()), Vec::new());
+    for (field, make) in MISTAKES.iter().chain(MISSING) {
+        let mut config = base();
+        make(&mut config);
+        let found = problems(&config);
+        assert_eq!(fields(&found), vec![*field], "{found:?}");
+    }
+}
+
+#[test]
+fn a_missing_section_names_every_field_that_needs_it() {
+    let mut config = base();
+    config.database = None;
+    let found = problems(&config);
+    assert_eq!(
+        found[0].reason,
+        "[database] is missing, but filters.products, filters.skus and routes[0].origin read from it"
+    );
+    let mut config = base();
+    config.upstream = None;
+    let found = problems(&config);
+    assert_eq!(
+        found[0].reason,
+        "[upstream] is missing, but routes[1].origin, routes[2].origin and write_through[0] send requests to it"
+    );
+}
+
+#[test]
+fn several_mistakes_in_one_file_are_reported_together() {
+    let text = BASE
+        .replace(
+            "listen = \"127.0.0.1:0\"\ntrusted",
+            "listen = \"127.0.0.1:0\"\nmax_body_bytes = 0\ntrusted",
+        )
+        .replace("a-long-enough-token", "short")
+        .replace("false_positive_rate = 0.001", "false_positive_rate = 1.5")
+        .replace("path = \"/api/sku\"", "path = \"/api/sku/\"")
+        .replace("WHERE sku_id = ?", "WHERE sku_id = 7")
+        .replace(
+            "path = \"/api/products\"",
+            "path = \"/api/products\"\nstatuses = [42]",
+        );
+    let Err(e) = Config::from_toml_str(&text) else {
+        panic!("accepted:\n{text}");
+    };
+    let ConfigError::Invalid(found) = &e else {
+        panic!("not a validation error: {e}");
+    };
+    let expected = [
+        "server.max_body_bytes",
+        "admin.token",
+        "filters.skus.false_positive_rate",
+        "routes[0].origin.query",
+        "routes[1].path",
+        "write_through[0].statuses",
+    ];
+    assert_eq!(fields(found), expected, "{e}");
+    // One heading, then one line per problem, each naming its field.
+    let message = e.to_string();
+    let lines: Vec<&str> = message.lines().collect();
+    assert_eq!(lines[0], "invalid config (6 problems):", "{message}");
+    assert_eq!(lines.len(), 1 + expected.len(), "{message}");
+    for (line, field) in lines[1..].iter().zip(expected) {
+        assert!(
+            line.trim_start().starts_with(&format!("{field}: ")),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn one_problem_is_one_line() {
+    let mut config = base();
+    config.routes[0].ttl = Some(Duration::ZERO);
+    let message = config.validate().expect_err("refused").to_string();
+    assert_eq!(
+        message,
+        "invalid config: routes[0].ttl: must be greater than 0"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Any set of independent mistakes is reported as exactly those problems: none is
+    /// hidden by another, none is reported twice or drags in another field.
+    #[test]
+    fn any_set_of_mistakes_is_reported_exactly(
+        chosen in prop::sample::subsequence((0..MISTAKES.len()).collect::<Vec<_>>(), 0..=MISTAKES.len())
+    ) {
+        let mut config = base();
+        for &i in &chosen {
+            (MISTAKES[i].1)(&mut config);
+        }
+        let found = problems(&config);
+        let mut got = fields(&found);
+        got.sort_unstable();
+        let mut want: Vec<&str> = chosen.iter().map(|&i| MISTAKES[i].0).collect();
+        want.sort_unstable();
+        prop_assert_eq!(got, want);
+    }
+}
