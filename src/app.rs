@@ -131,8 +131,8 @@ impl App {
                 route: label.clone(),
                 reason,
             };
-            let pattern =
-                PathPattern::parse(&r.path, &r.key, MatchOptions::of(r)).map_err(&fail)?;
+            let pattern = PathPattern::parse(&r.path, &r.key, MatchOptions::of(r))
+                .map_err(|e| fail(e.to_string()))?;
             let filter = filters
                 .get(&r.filter)
                 .cloned()
@@ -220,8 +220,10 @@ impl App {
                 .cloned()
                 .ok_or_else(|| fail(format!("no filter `{}`", w.filter)))?;
             let added = metrics.write_through(&w.filter);
-            write_through
-                .push(WriteThrough::new(w, filter, Arc::clone(&admit), added).map_err(fail)?);
+            write_through.push(
+                WriteThrough::new(w, filter, Arc::clone(&admit), added)
+                    .map_err(|e| fail(e.to_string()))?,
+            );
         }
 
         let proxy = Arc::new(Proxy::new(
@@ -330,9 +332,9 @@ impl App {
 /// every range).
 fn edge_policy(config: &Config, registry: &Registry) -> Result<EdgePolicy, AppError> {
     let cidrs = |field: &str, list: &[String]| {
-        Cidrs::parse(list).map_err(|reason| AppError::Route {
+        Cidrs::parse(list).map_err(|e| AppError::Route {
             route: field.to_owned(),
-            reason,
+            reason: e.to_string(),
         })
     };
     let budget = match &config.false_positive_budget {

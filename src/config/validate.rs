@@ -42,7 +42,7 @@ impl Config {
             ),
         ] {
             crate::pipeline::client::Cidrs::parse(list)
-                .map_err(|reason| ConfigError::invalid(field, reason))?;
+                .map_err(|e| ConfigError::invalid(field, e.to_string()))?;
         }
         if self.server.outcome_header == OutcomeHeaderPolicy::Trusted
             && self.server.outcome_header_clients.is_empty()
@@ -210,7 +210,7 @@ impl Config {
                 &r.key,
                 crate::pipeline::route::MatchOptions::of(r),
             )
-            .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
+            .map_err(|e| ConfigError::invalid(at("path"), e.to_string()))?;
             validate_forwarding(r, &at)?;
             if !names.insert(r.label().to_owned()) {
                 return Err(ConfigError::invalid(
@@ -290,7 +290,7 @@ impl Config {
         for (i, w) in self.write_through.iter().enumerate() {
             let at = |field: &str| format!("write_through[{i}].{field}");
             crate::pipeline::route::PathPattern::parse_write(&w.path, &w.key)
-                .map_err(|reason| ConfigError::invalid(at("path"), reason))?;
+                .map_err(|e| ConfigError::invalid(at("path"), e.to_string()))?;
             if !self.filters.contains_key(&w.filter) {
                 return Err(ConfigError::invalid(
                     at("filter"),

@@ -55,8 +55,14 @@ pub enum UpstreamError {
     #[error("upstream request failed: {0}")]
     Request(#[source] hyper_util::client::legacy::Error),
     /// The configured upstream URL is not `http://host:port`.
-    #[error("upstream URL {0:?} is not of the form http://host:port")]
-    BadUrl(String),
+    #[error("upstream URL {url:?} is not of the form http://host:port")]
+    BadUrl {
+        /// The configured URL.
+        url: String,
+        /// Why it does not parse as a URI (`None`: it parses, but names no host).
+        #[source]
+        source: Option<http::uri::InvalidUri>,
+    },
     /// The configured URL and request path do not form a URI.
     #[error("cannot build the upstream URI: {0}")]
     Uri(#[from] http::Error),
@@ -73,10 +79,10 @@ pub struct Upstream {
 impl Upstream {
     /// Builds the client and its connection pool (no connection is opened yet).
     pub fn new(config: &UpstreamConfig) -> Result<Upstream, UpstreamError> {
-        let base: Uri = config
-            .url
-            .parse()
-            .map_err(|_| UpstreamError::BadUrl(config.url.clone()))?;
+        let base: Uri = config.url.parse().map_err(|e| UpstreamError::BadUrl {
+            url: config.url.clone(),
+            source: Some(e),
+        })?;
         let parts = base.into_parts();
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -91,9 +97,10 @@ impl Upstream {
         Ok(Upstream {
             client,
             scheme: parts.scheme.unwrap_or(Scheme::HTTP),
-            authority: parts
-                .authority
-                .ok_or_else(|| UpstreamError::BadUrl(config.url.clone()))?,
+            authority: parts.authority.ok_or_else(|| UpstreamError::BadUrl {
+                url: config.url.clone(),
+                source: None,
+            })?,
             timeout: config.timeout,
         })
     }

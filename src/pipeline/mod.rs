@@ -453,7 +453,7 @@ impl Proxy {
                 };
                 Ok(answer(outcome, false, not_found()))
             }
-            Loaded::Failed { error, .. } => Err(ProxyError::from(&*error)),
+            Loaded::Failed { error, .. } => Err(ProxyError::from(error)),
         }
     }
 

@@ -16,7 +16,7 @@ use percent_encoding::percent_decode_str;
 use prometheus::IntCounter;
 
 use super::ProxyBody;
-use super::route::PathPattern;
+use super::route::{PathPattern, PatternError};
 use crate::config::{WriteKey, WriteThroughConfig};
 use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
@@ -24,6 +24,21 @@ use crate::key::normalize;
 
 /// Largest response body read to find a JSON key field.
 const MAX_JSON_BODY: usize = 1024 * 1024;
+
+/// Why a write-through rule does not compile. The messages are reasons for the rule's
+/// config.
+#[derive(Debug, thiserror::Error)]
+pub enum RuleError {
+    /// The path pattern.
+    #[error(transparent)]
+    Path(#[from] PatternError),
+    /// A method name that is not a valid token.
+    #[error(transparent)]
+    Method(#[from] http::method::InvalidMethod),
+    /// A status outside 100..=999.
+    #[error(transparent)]
+    Status(#[from] http::status::InvalidStatusCode),
+}
 
 /// One compiled write-through rule.
 pub struct WriteThrough {
@@ -37,26 +52,24 @@ pub struct WriteThrough {
 }
 
 impl WriteThrough {
-    /// Compiles a rule; `filter` is the filter it names. The error is a reason.
+    /// Compiles a rule; `filter` is the filter it names.
     pub fn new(
         config: &WriteThroughConfig,
         filter: Arc<Filter>,
         admit: Arc<Admit>,
         added: IntCounter,
-    ) -> Result<WriteThrough, String> {
+    ) -> Result<WriteThrough, RuleError> {
         Ok(WriteThrough {
             pattern: PathPattern::parse_write(&config.path, &config.key)?,
             methods: config
                 .methods
                 .iter()
-                .map(|m| {
-                    Method::from_bytes(m.to_ascii_uppercase().as_bytes()).map_err(|e| e.to_string())
-                })
+                .map(|m| Method::from_bytes(m.to_ascii_uppercase().as_bytes()))
                 .collect::<Result<_, _>>()?,
             statuses: config
                 .statuses
                 .iter()
-                .map(|s| StatusCode::from_u16(*s).map_err(|e| e.to_string()))
+                .map(|s| StatusCode::from_u16(*s))
                 .collect::<Result<_, _>>()?,
             key: config.key.clone(),
             filter,
