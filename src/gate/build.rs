@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use rand::TryRngCore;
 
-use super::{BuildPhase, Filter, LoadStatus, RebuildReason, lock, unix_now};
+use super::{
+    BuildPhase, Filter, LoadOrigin, LoadResult, LoadStatus, RebuildReason, lock, unix_now,
+};
 use crate::config::{FilterConfig, Normalize, WatermarkKind};
 use crate::db::Db;
 use crate::filter::snapshot;
@@ -143,9 +145,9 @@ impl Filter {
         self.metrics.set_ready(true);
         self.update_status(|s| {
             *s = LoadStatus {
-                result: "ok",
-                origin: Some("snapshot"),
-                reason: Some(RebuildReason::Startup.as_str()),
+                result: LoadResult::Ok,
+                origin: Some(LoadOrigin::Snapshot),
+                reason: Some(RebuildReason::Startup),
                 finished_at: Some(unix_now()),
                 duration_ms: Some(took.as_millis() as u64),
                 ..LoadStatus::default()
@@ -179,9 +181,9 @@ impl Filter {
                 self.metrics.record_load(true, took, *skipped, now);
                 self.update_status(|s| {
                     *s = LoadStatus {
-                        result: "ok",
-                        origin: Some("source"),
-                        reason: Some(reason.as_str()),
+                        result: LoadResult::Ok,
+                        origin: Some(LoadOrigin::Source),
+                        reason: Some(reason),
                         finished_at: Some(now),
                         duration_ms: Some(took.as_millis() as u64),
                         rows: Some(*rows),
@@ -195,8 +197,8 @@ impl Filter {
             Err(e) => {
                 self.metrics.record_load(false, took, 0, now);
                 self.update_status(|s| {
-                    s.result = "error";
-                    s.reason = Some(reason.as_str());
+                    s.result = LoadResult::Error;
+                    s.reason = Some(reason);
                     s.finished_at = Some(now);
                     s.duration_ms = Some(took.as_millis() as u64);
                     s.error = Some(e.to_string());
