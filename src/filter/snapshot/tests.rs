@@ -2,6 +2,8 @@
 //! atomic write, and an ignored timing run at ten million keys.
 
 use super::*;
+use std::process;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 const SEED: u32 = 0x5eed_b100;
@@ -454,6 +456,50 @@ fn write_replaces_atomically_and_leaves_no_temporary_files() {
         let mode = fs::metadata(&path).expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "the seed is a secret");
     }
+}
+
+#[test]
+fn a_crash_before_the_rename_leaves_the_old_snapshot_in_place() {
+    let dir = TempDir::new("crash");
+    let path = dir.join("users.snap");
+    let old = filled(1_000, 10);
+    write(&path, &old, Some(Watermark::Int(1))).expect("first write");
+    // The second write gets as far as a complete, synced temporary file, then the
+    // process dies: nothing removes the file and nothing renames it.
+    let (temp, _) = write_temp(&path, &filled(2_000, 1_500), Some(Watermark::Int(2)))
+        .expect("the temporary file");
+    let (_, left) = temp.keep().expect("keep it as a crash would");
+
+    let snap = read(&path).expect("the old snapshot still reads");
+    assert_eq!(snap.watermark, Some(Watermark::Int(1)));
+    assert_eq!(snap.filter.stats(), old.stats());
+    // What the crash left is beside the snapshot, under a name no reader opens.
+    let stray = left
+        .file_name()
+        .expect("a file name")
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        stray.starts_with(".users.snap.") && stray.ends_with(".tmp"),
+        "{stray}"
+    );
+    assert_eq!(dir.names(), [stray.as_str(), "users.snap"]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(&left).expect("stat").permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the seed is a secret, even in a stray file"
+        );
+    }
+    // The next write replaces the snapshot as usual.
+    write(&path, &filled(2_000, 1_500), Some(Watermark::Int(3))).expect("next write");
+    assert_eq!(
+        read(&path).expect("read").watermark,
+        Some(Watermark::Int(3))
+    );
 }
 
 #[test]
