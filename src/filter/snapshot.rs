@@ -52,6 +52,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use indicatif::HumanBytes;
 use tempfile::NamedTempFile;
 
 use super::{BLOCK_BITS, BloomFilter, BloomParams, FilterError, MAX_BITS};
@@ -305,7 +306,7 @@ impl fmt::Display for SnapshotSummary {
             f,
             "file           {} bytes ({}), format version {}",
             self.file_bytes,
-            human_bytes(self.file_bytes),
+            HumanBytes(self.file_bytes),
             self.version
         )?;
         writeln!(
@@ -317,7 +318,7 @@ impl fmt::Display for SnapshotSummary {
             f,
             "bit array      {} bits ({}), {} hashes per key",
             p.bits,
-            human_bytes(p.bits / 8),
+            HumanBytes(p.bits / 8),
             p.hashes
         )?;
         let share = self.items as f64 / p.expected_items.max(1) as f64;
@@ -356,16 +357,6 @@ impl fmt::Display for SnapshotSummary {
             }
             None => write!(f, "created        {when} (ahead of this host's clock)"),
         }
-    }
-}
-
-/// A byte count in KiB or MiB with one decimal, for the summary.
-fn human_bytes(bytes: u64) -> String {
-    let kib = bytes as f64 / 1024.0;
-    if kib < 1024.0 {
-        format!("{kib:.1} KiB")
-    } else {
-        format!("{:.1} MiB", kib / 1024.0)
     }
 }
 

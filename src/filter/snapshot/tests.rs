@@ -556,9 +556,21 @@ fn inspect_describes_the_snapshot_without_the_seed() {
 
     let report = summary.to_string();
     eprintln!("{report}");
+    // Sizes in binary units with two decimals; this filter is a few KiB.
+    let kib = |bytes: u64| format!("{:.2} KiB", bytes as f64 / 1024.0);
     for expected in [
         "users.snap",
-        "format version 2",
+        &format!(
+            "file           {} bytes ({}), format version 2",
+            summary.file_bytes,
+            kib(summary.file_bytes)
+        ),
+        &format!(
+            "{} bits ({}), {} hashes per key",
+            filter.params().bits,
+            kib(filter.params().bits / 8),
+            filter.params().hashes
+        ),
         "10000 keys at a false-positive rate of 0.01",
         &format!("{} bits", filter.params().bits),
         &format!("{} hashes per key", filter.params().hashes),
@@ -616,7 +628,7 @@ fn timing_snapshot_10m() {
         "{N} keys at 1%: {} bytes ({}); build {built:?}, write {:?} (sync and rename \
          included), read and verify {read_took:?}, inspect {inspect_took:?}",
         info.bytes,
-        human_bytes(info.bytes),
+        HumanBytes(info.bytes),
         info.took
     );
     assert_eq!(snap.filter.stats(), filter.stats());
