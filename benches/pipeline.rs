@@ -19,8 +19,8 @@ fn pipeline(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    let dir = std::env::temp_dir().join(format!("bloomgate-bench-{}", std::process::id()));
-    let url = format!("sqlite://{}", dir.join("bench.db").display());
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
     let proxy = rt.block_on(async {
         let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
         db.migrate().await.expect("migrate");
@@ -91,7 +91,6 @@ fn pipeline(c: &mut Criterion) {
     bench("cache_hit_path_key", &present);
     bench("cache_hit_query_key", &present_query);
     group.finish();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 criterion_group!(benches, pipeline);

@@ -79,8 +79,8 @@ pub enum Loaded {
     },
     /// The origin call failed; nothing was cached. Waiters share the leader's error.
     Failed {
-        /// The shared error (always [`LoadMiss::Origin`]).
-        error: Arc<LoadMiss>,
+        /// The origin's error, shared by every request that waited on the load.
+        error: Arc<OriginError>,
         /// Whether this request made the origin call.
         leader: bool,
     },
@@ -96,9 +96,9 @@ pub enum LoadMiss {
     /// Found, but HTTP caching rules forbid storing the answer.
     #[error("found, not storable")]
     Unstored(CachedResponse),
-    /// The origin call failed.
+    /// The origin call failed (in an `Arc`, so each waiter can take its own handle).
     #[error(transparent)]
-    Origin(#[from] OriginError),
+    Origin(Arc<OriginError>),
 }
 
 struct PositiveExpiry;
@@ -188,7 +188,7 @@ impl ResponseCache {
                 Loaded::NotFound { leader: true }
             }
             Err(e) => Loaded::Failed {
-                error: Arc::new(LoadMiss::Origin(e)),
+                error: Arc::new(e),
                 leader: true,
             },
         }
@@ -217,7 +217,7 @@ impl ResponseCache {
                     return Err(LoadMiss::NotFound);
                 }
                 leader.store(true, Ordering::Relaxed);
-                match fetch.await? {
+                match fetch.await.map_err(|e| LoadMiss::Origin(Arc::new(e)))? {
                     Fetched::Found(response) if response.ttl.is_some() => Ok(response),
                     Fetched::Found(response) => Err(LoadMiss::Unstored(response)),
                     Fetched::NotFound => {
@@ -236,8 +236,8 @@ impl ResponseCache {
                     response: response.clone(),
                     leader,
                 },
-                LoadMiss::Origin(_) => Loaded::Failed {
-                    error: miss,
+                LoadMiss::Origin(error) => Loaded::Failed {
+                    error: Arc::clone(error),
                     leader,
                 },
             },

@@ -97,6 +97,16 @@ pub enum DbError {
     /// The message never repeats the URL itself, which may hold a password.
     #[error("unsupported database URL: {0}")]
     UnsupportedUrl(String),
+    /// The URL has a supported scheme but its driver cannot read it (a bad port, an
+    /// unknown option). sqlx's message names the part, not the password.
+    #[error("unsupported database URL: invalid {backend} URL: {source}")]
+    InvalidUrl {
+        /// `"MySQL"` or `"SQLite"`.
+        backend: &'static str,
+        /// The driver's parse error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// No connection became free (or could be opened) within the acquire timeout.
     /// sqlx retries refused connections until then, so a database that is down
     /// usually shows up here rather than as [`DbError::Unavailable`].
@@ -157,13 +167,19 @@ impl Db {
                 // sqlx's own statement logs are off: a full filter load is one long
                 // statement by design, and lookup latency is in the origin histogram.
                 let options = MySqlConnectOptions::from_str(url)
-                    .map_err(|e| DbError::UnsupportedUrl(format!("invalid MySQL URL: {e}")))?
+                    .map_err(|source| DbError::InvalidUrl {
+                        backend: "MySQL",
+                        source,
+                    })?
                     .disable_statement_logging();
                 Ok(Db::MySql(pool_options(settings).connect_lazy_with(options)))
             }
             Some("sqlite") => {
                 let options = SqliteConnectOptions::from_str(url)
-                    .map_err(|e| DbError::UnsupportedUrl(format!("invalid SQLite URL: {e}")))?
+                    .map_err(|source| DbError::InvalidUrl {
+                        backend: "SQLite",
+                        source,
+                    })?
                     .disable_statement_logging()
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)

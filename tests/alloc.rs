@@ -63,8 +63,8 @@ fn allocations<R>(f: impl FnOnce() -> R) -> (usize, R) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn an_intercepted_request_allocates_only_its_response() {
-    let dir = std::env::temp_dir().join(format!("bloomgate-alloc-{:016x}", rand::random::<u64>()));
-    let url = format!("sqlite://{}", dir.join("demo.db").display());
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("demo.db").display());
     let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
     db.migrate().await.expect("migrate");
     db.seed_demo_products(10_000).await.expect("seed");
@@ -148,5 +148,4 @@ origin = {{ kind = "sql", query = "SELECT sku_id, name FROM products WHERE sku_i
         "the intercepted path allocated {refused} times; building the response alone takes {baseline}"
     );
     db.close().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }

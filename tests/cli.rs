@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::StubUpstream;
+use tempfile::TempDir;
 
 const BIN: &str = env!("CARGO_BIN_EXE_bloomgate");
 
@@ -31,7 +32,7 @@ origin = { kind = "sql", query = "SELECT * FROM products WHERE sku_id = ?" }
 
 /// A config file in a temporary directory that is removed when this is dropped.
 struct TempConfig {
-    dir: PathBuf,
+    _dir: TempDir,
     path: PathBuf,
 }
 
@@ -41,18 +42,11 @@ impl TempConfig {
     }
 }
 
-impl Drop for TempConfig {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn write_config(name: &str, text: &str) -> TempConfig {
-    let dir = std::env::temp_dir().join(format!("bloomgate-cli-{:016x}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(name);
+    let dir = TempDir::new().expect("temp dir");
+    let path = dir.path().join(name);
     std::fs::write(&path, text).expect("write config");
-    TempConfig { dir, path }
+    TempConfig { _dir: dir, path }
 }
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
@@ -324,9 +318,9 @@ async fn filter_build_writes_a_snapshot_that_inspect_verifies() {
         return;
     };
     let db = support::TestDb::create(&server, 5_000).await;
-    let out = std::env::temp_dir()
-        .join(format!("bloomgate-cli-{:016x}", rand::random::<u64>()))
-        .join("products.bloom");
+    let dir = TempDir::new().expect("temp dir");
+    // A directory that does not exist yet: the build creates it.
+    let out = dir.path().join("snapshots").join("products.bloom");
     let config = format!(
         "[database]\nurl = \"{}\"\n[filters.products]\nsource_query = \"SELECT sku_id FROM products\"\nexpected_items = 5000\nsync = {{ query = \"SELECT sku_id, updated_at FROM products WHERE updated_at >= ?\" }}\n",
         db.url
@@ -364,5 +358,4 @@ async fn filter_build_writes_a_snapshot_that_inspect_verifies() {
     );
     assert_ne!(code, 0);
     assert!(text.contains("corrupted"), "{text}");
-    let _ = std::fs::remove_dir_all(out.parent().unwrap_or(&out));
 }

@@ -7,12 +7,12 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use bloomgate::db::{Db, PoolSettings, demo_absent_sku, demo_sku};
 use bytes::Bytes;
 use http::{HeaderMap, Method};
 use support::{Seen, StubUpstream, TestProxy, raw_status, send_raw, send_raw_half_closed};
+use tempfile::TempDir;
 
 const PRODUCTS: u64 = 100;
 
@@ -20,13 +20,8 @@ const PRODUCTS: u64 = 100;
 struct Edge {
     proxy: TestProxy,
     stub: StubUpstream,
-    dir: PathBuf,
-}
-
-impl Drop for Edge {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    /// Holds the database; dropped (and removed) after the proxy has stopped.
+    _dir: TempDir,
 }
 
 /// Routes: `/api/products/{id}` (SQL origin), `/echo/items/{id}` (upstream origin; the
@@ -76,10 +71,8 @@ impl Edge {
     }
 
     async fn start_on(server: &str, listen: SocketAddr) -> Edge {
-        let dir =
-            std::env::temp_dir().join(format!("bloomgate-edge-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let url = format!("sqlite://{}", dir.join("edge.db").display());
+        let dir = TempDir::new().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("edge.db").display());
         let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
         db.migrate().await.expect("migrate");
         db.seed_demo_products(PRODUCTS).await.expect("seed");
@@ -88,7 +81,11 @@ impl Edge {
         let toml = config(&url, &stub.url(), server);
         let proxy = TestProxy::spawn_on(&toml, listen).await;
         proxy.wait_ready(std::time::Duration::from_secs(60)).await;
-        Edge { proxy, stub, dir }
+        Edge {
+            proxy,
+            stub,
+            _dir: dir,
+        }
     }
 
     /// What the stub saw on `/echo…` since the last call (and forgets it).
@@ -403,9 +400,8 @@ async fn an_upstream_that_is_down_is_still_a_bad_gateway() {
         .expect("bind")
         .local_addr()
         .expect("addr");
-    let dir = std::env::temp_dir().join(format!("bloomgate-edge-{:016x}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let url = format!("sqlite://{}", dir.join("edge.db").display());
+    let dir = TempDir::new().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("edge.db").display());
     let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
     db.migrate().await.expect("migrate");
     db.close().await;
@@ -419,7 +415,7 @@ async fn an_upstream_that_is_down_is_still_a_bad_gateway() {
     let r = proxy.get("/echo/y").await;
     assert_eq!(r.status.as_u16(), 502, "{}", r.text());
     drop(proxy);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
 }
 
 /// Forwarded claims a client (or a proxy in front) might send, spelled several ways.

@@ -87,12 +87,6 @@ fn setup(db_url: &str, expected: u64) -> Setup<'_> {
     }
 }
 
-fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bloomgate-snap-{:016x}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir.join(name)
-}
-
 async fn wait_for(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !check().await {
@@ -396,7 +390,8 @@ async fn restarts_are_warm_from_a_snapshot_and_bad_snapshots_are_rebuilt() {
     // Let the seeded rows fall outside the sync overlap, so a warm start has no reason
     // to read them again.
     tokio::time::sleep(Duration::from_secs(SYNC_OVERLAP_S + 1)).await;
-    let path = temp_path("products.snap");
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let path = dir.path().join("products.snap");
     let mut s = setup(&db.url, N);
     s.snapshot = Some(&path);
     let toml = config(&s);
@@ -498,7 +493,6 @@ async fn restarts_are_warm_from_a_snapshot_and_bad_snapshots_are_rebuilt() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let _ = std::fs::remove_dir_all(path.parent().unwrap_or(&path));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

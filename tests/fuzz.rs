@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::borrow::Cow;
 use std::cell::Cell;
 use std::fs;
-use std::path::PathBuf;
+use std::io::Write;
 use std::sync::OnceLock;
 
 use bloomgate::config::{Config, ConfigError, Normalize, Problem};
@@ -20,6 +20,7 @@ use bloomgate::watermark::Watermark;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
+use tempfile::{NamedTempFile, TempDir};
 
 /// Cases per key property: a case takes microseconds.
 const KEY_CASES: u32 = 10_000;
@@ -761,47 +762,26 @@ proptest! {
 /// The header length written by format version 2.
 const HEADER_LEN: usize = 73;
 
-/// A file in the system temp dir under a random name, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    /// A new name; nothing is created.
-    fn new() -> Self {
-        let name = format!(
-            "bloomgate-fuzz-{}-{:016x}.snap",
-            std::process::id(),
-            rand::random::<u64>()
-        );
-        Self(std::env::temp_dir().join(name))
-    }
-
-    /// A new file holding `bytes`.
-    fn with(bytes: &[u8]) -> Self {
-        let file = Self::new();
-        fs::write(&file.0, bytes).expect("write a fuzzed snapshot to the temp dir");
-        file
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        // Best effort: a leftover file in the temp dir is harmless.
-        let _ = fs::remove_file(&self.0);
-    }
+/// A new file under the system temp dir holding `bytes`, removed on drop.
+fn temp_file(bytes: &[u8]) -> NamedTempFile {
+    let mut file = NamedTempFile::new().expect("create a file in the temp dir");
+    file.write_all(bytes)
+        .expect("write a fuzzed snapshot to the temp dir");
+    file
 }
 
 /// Reads `bytes` as a snapshot file, with both public readers; checks that they agree and
 /// that neither allocated much more than the file holds.
 fn read_snapshot(bytes: &[u8]) -> Result<Result<Snapshot, SnapshotError>, TestCaseError> {
-    let file = TempFile::with(bytes);
-    let (read, largest) = largest_allocation(|| snapshot::read(&file.0));
+    let file = temp_file(bytes);
+    let (read, largest) = largest_allocation(|| snapshot::read(file.path()));
     prop_assert!(
         largest <= bytes.len() + ALLOCATION_SLACK,
         "reading a {}-byte file allocated {} bytes at once",
         bytes.len(),
         largest
     );
-    let (inspected, largest) = largest_allocation(|| snapshot::inspect(&file.0));
+    let (inspected, largest) = largest_allocation(|| snapshot::inspect(file.path()));
     prop_assert!(largest <= bytes.len() + ALLOCATION_SLACK);
     match (&read, &inspected) {
         (Ok(_), Ok(summary)) => {
@@ -959,10 +939,11 @@ fn original() -> &'static Original {
         for i in 0..SAMPLE / 2 {
             filter.insert(&sample_key(i));
         }
-        let file = TempFile::new();
-        snapshot::write(&file.0, &filter, Some(Watermark::Int(42)))
+        let dir = TempDir::new().expect("create a temp dir");
+        let path = dir.path().join("original.snap");
+        snapshot::write(&path, &filter, Some(Watermark::Int(42)))
             .expect("write the original snapshot");
-        let bytes = fs::read(&file.0).expect("read the original snapshot back");
+        let bytes = fs::read(&path).expect("read the original snapshot back");
         Original { bytes, filter }
     })
 }
@@ -1010,8 +991,8 @@ fn damaged(mut bytes: Vec<u8>, damage: &Damage) -> Vec<u8> {
 #[test]
 fn the_original_snapshot_reads_back() {
     let original = original();
-    let file = TempFile::with(&original.bytes);
-    let snap = snapshot::read(&file.0).expect("the original snapshot");
+    let file = temp_file(&original.bytes);
+    let snap = snapshot::read(file.path()).expect("the original snapshot");
     assert_eq!(snap.watermark, Some(Watermark::Int(42)));
     assert_eq!(snap.filter.params(), original.filter.params());
     assert!(answers_like_original(&snap.filter));
@@ -1031,8 +1012,8 @@ fn a_forged_bit_count_is_refused_before_allocating() {
         for body in [0, 4, 4096] {
             let mut bytes = forged(HEADER_LEN as u32, bits, 7, &[0; 45], body);
             reseal(&mut bytes);
-            let file = TempFile::with(&bytes);
-            let (result, largest) = largest_allocation(|| snapshot::read(&file.0));
+            let file = temp_file(&bytes);
+            let (result, largest) = largest_allocation(|| snapshot::read(file.path()));
             let err = result.expect_err("a header far larger than its file");
             assert!(
                 matches!(

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use http::Method;
 use serde_json::Value;
 use support::{HttpClient, TestDb, TestProxy, mysql_url};
+use tempfile::TempDir;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 const TOKEN: &str = "monitoring-token";
@@ -410,7 +411,8 @@ fn free_port(avoid: &[u16]) -> u16 {
 /// A Prometheus server in a temporary directory, killed when dropped.
 struct Prometheus {
     child: Child,
-    dir: PathBuf,
+    /// Its config, rules, data and log; removed after the process is killed.
+    dir: TempDir,
     url: String,
 }
 
@@ -420,35 +422,32 @@ impl Prometheus {
         // of their ports.
         let mut avoid: Vec<u16> = targets.iter().map(SocketAddr::port).collect();
         avoid.extend(keep_closed);
-        let dir = std::env::temp_dir().join(format!(
-            "bloomgate-prometheus-{}-{:x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir_all(dir.join("data")).expect("prometheus dir");
-        std::fs::write(dir.join("rules.yml"), rules).expect("write rules");
+        let dir = TempDir::new().expect("prometheus dir");
+        let path = dir.path();
+        std::fs::create_dir_all(path.join("data")).expect("prometheus data dir");
+        std::fs::write(path.join("rules.yml"), rules).expect("write rules");
         let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
         let config = format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - rules.yml\n\
              scrape_configs:\n  - job_name: bloomgate\n    static_configs:\n      - targets: [{}]\n",
             targets.join(", ")
         );
-        std::fs::write(dir.join("prometheus.yml"), &config).expect("write config");
+        std::fs::write(path.join("prometheus.yml"), &config).expect("write config");
         promtool(&[
             "check",
             "config",
-            dir.join("prometheus.yml").to_str().expect("utf-8 path"),
+            path.join("prometheus.yml").to_str().expect("utf-8 path"),
         ]);
         let port = free_port(&avoid);
-        let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
+        let log = std::fs::File::create(path.join("prometheus.log")).expect("log file");
         let child = Command::new(tool("prometheus"))
             .arg(format!(
                 "--config.file={}",
-                dir.join("prometheus.yml").display()
+                path.join("prometheus.yml").display()
             ))
             .arg(format!(
                 "--storage.tsdb.path={}",
-                dir.join("data").display()
+                path.join("data").display()
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--log.level=warn")
@@ -465,7 +464,7 @@ impl Prometheus {
         let client = HttpClient::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let log = || std::fs::read_to_string(prometheus.dir.join("prometheus.log"));
+            let log = || std::fs::read_to_string(prometheus.dir.path().join("prometheus.log"));
             if let Ok(Some(status)) = prometheus.child.try_wait() {
                 panic!(
                     "prometheus exited ({status}): {}",
@@ -524,7 +523,6 @@ impl Drop for Prometheus {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

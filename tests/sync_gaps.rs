@@ -340,8 +340,8 @@ async fn a_restart_from_a_snapshot_reads_the_open_gaps_again() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 100).await;
     with_auto_increment_ids(&db).await;
-    let dir = std::env::temp_dir().join(format!("bloomgate-gaps-{:016x}", rand::random::<u64>()));
-    let snapshot = dir.join("products.snap");
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let snapshot = dir.path().join("products.snap");
     let toml = config_with(
         &db.url,
         &format!("snapshot_path = \"{}\"", snapshot.display()),
@@ -395,7 +395,6 @@ async fn a_restart_from_a_snapshot_reads_the_open_gaps_again() {
         served_within_polls(&warm, a).await,
         "A was still refused {POLLS} polls after its commit"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Timestamp watermarks: A is stamped `delay` before B but commits after a poll has read

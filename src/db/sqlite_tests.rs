@@ -1,37 +1,18 @@
 //! Tests of the database stage against SQLite files in a temporary directory, plus the
 //! parts that need no database at all (URL parsing, error classes, migrations list).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Value, json};
+use tempfile::TempDir;
 
 use super::*;
 
-/// A directory under the system temp dir, removed (with its contents) on drop.
-pub(super) struct TempDir(PathBuf);
-
-impl TempDir {
-    pub(super) fn new(tag: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "bloomgate-{tag}-{}-{:016x}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        std::fs::create_dir_all(&path).expect("create a temporary directory");
-        TempDir(path)
-    }
-
-    pub(super) fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A new directory under the system temp dir, removed with its contents on drop.
+fn temp_dir() -> TempDir {
+    tempfile::tempdir().expect("create a temporary directory")
 }
 
 /// A fresh SQLite database in `dir`, in a subdirectory that does not exist yet.
@@ -53,7 +34,7 @@ fn sql(text: &str) -> Arc<str> {
 
 #[tokio::test]
 async fn connect_lazy_creates_the_directory_and_the_file_on_first_use() -> Result<(), DbError> {
-    let dir = TempDir::new("db-create");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     assert_eq!(db.backend(), "sqlite");
     db.ping().await?;
@@ -64,7 +45,7 @@ async fn connect_lazy_creates_the_directory_and_the_file_on_first_use() -> Resul
 
 #[tokio::test]
 async fn migrations_apply_once_and_are_idempotent() -> Result<(), DbError> {
-    let dir = TempDir::new("db-migrate");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     db.migrate().await?;
     db.migrate().await?;
@@ -113,7 +94,7 @@ fn every_file_in_migrations_is_embedded_verbatim() {
 
 #[tokio::test]
 async fn lookup_renders_each_sqlite_type_as_json() -> Result<(), DbError> {
-    let dir = TempDir::new("db-lookup");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     let p = pool(&db);
     sqlx::query(
@@ -162,7 +143,7 @@ async fn lookup_renders_each_sqlite_type_as_json() -> Result<(), DbError> {
 
 #[tokio::test]
 async fn lookup_misses_return_none_and_keys_bind_by_kind() -> Result<(), DbError> {
-    let dir = TempDir::new("db-keys");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     let p = pool(&db);
     sqlx::query("CREATE TABLE t (id BIGINT PRIMARY KEY, code TEXT)")
@@ -186,7 +167,7 @@ async fn lookup_misses_return_none_and_keys_bind_by_kind() -> Result<(), DbError
 
 #[tokio::test]
 async fn for_each_key_streams_canonical_keys_and_skips_nulls() -> Result<(), DbError> {
-    let dir = TempDir::new("db-keys-stream");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     let p = pool(&db);
     sqlx::query("CREATE TABLE k (v NUMERIC)").execute(p).await?;
@@ -208,7 +189,7 @@ async fn for_each_key_streams_canonical_keys_and_skips_nulls() -> Result<(), DbE
 
 #[tokio::test]
 async fn seeding_fills_an_empty_table_once_with_the_demo_keys() -> Result<(), DbError> {
-    let dir = TempDir::new("db-seed");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     db.migrate().await?;
     assert_eq!(db.seed_demo_products(10_000).await?, 10_000);
@@ -250,7 +231,7 @@ async fn seeding_fills_an_empty_table_once_with_the_demo_keys() -> Result<(), Db
 
 #[tokio::test]
 async fn bad_sql_is_a_query_error_not_unavailability() {
-    let dir = TempDir::new("db-bad-sql");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     let err = db
         .lookup(&sql("SELEKT nothing"), KeyParam::Int(1))
@@ -322,7 +303,7 @@ fn sqlx_errors_are_classified_by_what_the_caller_can_do() {
 
 #[tokio::test]
 async fn a_closed_pool_is_unavailable() {
-    let dir = TempDir::new("db-closed");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     db.close().await;
     let err = db.ping().await.expect_err("pool closed");
@@ -333,7 +314,7 @@ async fn a_closed_pool_is_unavailable() {
 #[tokio::test]
 #[ignore = "timing: seeds 1,000,000 rows"]
 async fn timing_seed_one_million_sqlite() -> Result<(), DbError> {
-    let dir = TempDir::new("db-seed-1m");
+    let dir = temp_dir();
     let db = sqlite_in(&dir);
     db.migrate().await?;
     let start = Instant::now();

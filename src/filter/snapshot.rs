@@ -46,12 +46,14 @@
 //! fields are checked before the checksum because the checksum can only be found once
 //! the header says how long the file is.
 
-use std::fs::{self, File, OpenOptions};
+use std::fmt;
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use std::{fmt, process};
+
+use indicatif::HumanBytes;
+use tempfile::NamedTempFile;
 
 use super::{BLOCK_BITS, BloomFilter, BloomParams, FilterError, MAX_BITS};
 use crate::watermark::Watermark;
@@ -176,7 +178,7 @@ pub struct SnapshotSummary {
 /// same directory, synced, then renamed over `path`, then the directory synced. Readers
 /// see either the old file or the new one, never a mix; after a crash at any point `path`
 /// holds one of the two. The directory is created if missing, and the temporary file is
-/// removed on any error.
+/// removed on any error (a crash may leave one behind, named `.NAME.XXXXXX.tmp`).
 ///
 /// The filter may be inserted into meanwhile (see [`BloomFilter::iter_words`]): every
 /// key the watermark covers must have been inserted before the call, and every key
@@ -194,29 +196,68 @@ pub fn write(
     watermark: Option<Watermark>,
 ) -> Result<SnapshotInfo, SnapshotError> {
     let started = Instant::now();
-    let io = |action| {
-        move |source| SnapshotError::Io {
-            action,
-            path: path.to_owned(),
-            source,
-        }
-    };
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    fs::create_dir_all(dir).map_err(io("create the directory of"))?;
-    let mut temp = TempFile::create(dir, path).map_err(io("create a temporary file for"))?;
-    let header = Header::of(filter, watermark, SystemTime::now());
-    let bytes = write_contents(&mut temp.file, &header, filter).map_err(io("write"))?;
-    temp.file.sync_all().map_err(io("sync"))?;
-    temp.rename_onto(path)
-        .map_err(io("move the temporary file onto"))?;
-    sync_dir(dir).map_err(io("sync the directory of"))?;
+    let (temp, bytes) = write_temp(path, filter, watermark)?;
+    // `persist` only renames; the contents were synced by `write_temp`. On failure the
+    // temporary file comes back in the error and is removed when it drops.
+    temp.persist(path)
+        .map_err(|e| io_error("move the temporary file onto", path)(e.error))?;
+    sync_dir(parent_dir(path)).map_err(io_error("sync the directory of", path))?;
     Ok(SnapshotInfo {
         bytes,
         took: started.elapsed(),
     })
+}
+
+/// The first half of [`write()`]: the complete snapshot, synced, in a temporary file
+/// beside `path` that is removed if it is dropped. Returns it and its size.
+fn write_temp(
+    path: &Path,
+    filter: &BloomFilter,
+    watermark: Option<Watermark>,
+) -> Result<(NamedTempFile, u64), SnapshotError> {
+    let name = path.file_name().ok_or_else(|| {
+        io_error("create a temporary file for", path)(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the path has no file name",
+        ))
+    })?;
+    let dir = parent_dir(path);
+    fs::create_dir_all(dir).map_err(io_error("create the directory of", path))?;
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    // Created readable and writable by its owner only (tempfile's default on Unix): the
+    // seed is a secret.
+    let mut temp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(io_error("create a temporary file for", path))?;
+    let header = Header::of(filter, watermark, SystemTime::now());
+    let bytes =
+        write_contents(temp.as_file_mut(), &header, filter).map_err(io_error("write", path))?;
+    temp.as_file().sync_all().map_err(io_error("sync", path))?;
+    Ok((temp, bytes))
+}
+
+/// Maps an I/O error of the step `action` on the snapshot at `path`.
+fn io_error<'p>(
+    action: &'static str,
+    path: &'p Path,
+) -> impl FnOnce(io::Error) -> SnapshotError + 'p {
+    move |source| SnapshotError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The directory a snapshot at `path` lives in (`.` for a bare file name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
 }
 
 /// Reads and verifies the snapshot at `path` and rebuilds its filter.
@@ -265,7 +306,7 @@ impl fmt::Display for SnapshotSummary {
             f,
             "file           {} bytes ({}), format version {}",
             self.file_bytes,
-            human_bytes(self.file_bytes),
+            HumanBytes(self.file_bytes),
             self.version
         )?;
         writeln!(
@@ -277,7 +318,7 @@ impl fmt::Display for SnapshotSummary {
             f,
             "bit array      {} bits ({}), {} hashes per key",
             p.bits,
-            human_bytes(p.bits / 8),
+            HumanBytes(p.bits / 8),
             p.hashes
         )?;
         let share = self.items as f64 / p.expected_items.max(1) as f64;
@@ -316,16 +357,6 @@ impl fmt::Display for SnapshotSummary {
             }
             None => write!(f, "created        {when} (ahead of this host's clock)"),
         }
-    }
-}
-
-/// A byte count in KiB or MiB with one decimal, for the summary.
-fn human_bytes(bytes: u64) -> String {
-    let kib = bytes as f64 / 1024.0;
-    if kib < 1024.0 {
-        format!("{kib:.1} KiB")
-    } else {
-        format!("{:.1} MiB", kib / 1024.0)
     }
 }
 
@@ -566,72 +597,6 @@ fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
         watermark,
         created_at,
     })
-}
-
-/// A temporary file beside the snapshot, removed on drop unless renamed into place.
-struct TempFile {
-    /// `None` once renamed, so drop leaves the file alone.
-    path: Option<PathBuf>,
-    file: File,
-}
-
-impl TempFile {
-    /// Creates `.NAME.PID.N.tmp` in `dir` for the snapshot `target`, where `N` is unique
-    /// in this process; a name left behind by a crashed process is stepped over.
-    fn create(dir: &Path, target: &Path) -> io::Result<Self> {
-        /// Distinguishes temporary files of concurrent writes within this process.
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = target.file_name().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name")
-        })?;
-        let mut attempts = 0;
-        loop {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let mut temp_name = std::ffi::OsString::from(".");
-            temp_name.push(name);
-            temp_name.push(format!(".{}.{n}.tmp", process::id()));
-            let path = dir.join(temp_name);
-            match create_new(&path) {
-                Ok(file) => {
-                    return Ok(Self {
-                        path: Some(path),
-                        file,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 100 => {
-                    attempts += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Renames the file onto `target`; from then on it is no longer temporary.
-    fn rename_onto(&mut self, target: &Path) -> io::Result<()> {
-        if let Some(path) = &self.path {
-            fs::rename(path, target)?;
-            self.path = None;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if let Some(path) = &self.path {
-            // Best effort: the write has already failed with a better error to report.
-            let _ = fs::remove_file(path);
-        }
-    }
-}
-
-/// Creates a file that must not exist yet, readable and writable by its owner only.
-fn create_new(path: &Path) -> io::Result<File> {
-    let mut options = OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)
 }
 
 /// Makes a rename in `dir` durable. Unix only: elsewhere a directory cannot be opened

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use rand::TryRngCore;
 
 use super::membership::Membership;
-use super::{BuildPhase, Filter, LoadStatus, RebuildReason, lock, unix_now};
+use super::{
+    BuildPhase, Filter, LoadOrigin, LoadResult, LoadStatus, RebuildReason, lock, unix_now,
+};
 use crate::config::{FilterConfig, Normalize, WatermarkKind};
 use crate::db::Db;
 use crate::filter::snapshot;
@@ -32,7 +34,7 @@ pub enum LoadError {
     Db(#[from] crate::db::DbError),
     /// The operating system's random source failed (no seed can be drawn).
     #[error("cannot draw a random seed: {0}")]
-    Seed(String),
+    Seed(#[from] rand::rand_core::OsError),
 }
 
 /// A source this much larger than capacity sizes the filter from the count.
@@ -145,9 +147,9 @@ impl Filter {
         self.metrics.set_ready(true);
         self.update_status(|s| {
             *s = LoadStatus {
-                result: "ok",
-                origin: Some("snapshot"),
-                reason: Some(RebuildReason::Startup.as_str()),
+                result: LoadResult::Ok,
+                origin: Some(LoadOrigin::Snapshot),
+                reason: Some(RebuildReason::Startup),
                 finished_at: Some(unix_now()),
                 duration_ms: Some(took.as_millis() as u64),
                 ..LoadStatus::default()
@@ -181,9 +183,9 @@ impl Filter {
                 self.metrics.record_load(true, took, *skipped, now);
                 self.update_status(|s| {
                     *s = LoadStatus {
-                        result: "ok",
-                        origin: Some("source"),
-                        reason: Some(reason.as_str()),
+                        result: LoadResult::Ok,
+                        origin: Some(LoadOrigin::Source),
+                        reason: Some(reason),
                         finished_at: Some(now),
                         duration_ms: Some(took.as_millis() as u64),
                         rows: Some(*rows),
@@ -197,8 +199,8 @@ impl Filter {
             Err(e) => {
                 self.metrics.record_load(false, took, 0, now);
                 self.update_status(|s| {
-                    s.result = "error";
-                    s.reason = Some(reason.as_str());
+                    s.result = LoadResult::Error;
+                    s.reason = Some(reason);
                     s.finished_at = Some(now);
                     s.duration_ms = Some(took.as_millis() as u64);
                     s.error = Some(e.to_string());
@@ -373,12 +375,47 @@ pub async fn fill(
 /// A fresh secret seed from the operating system's random source, so nobody outside
 /// can compute which absent keys this filter lets through.
 pub fn secret_seed() -> Result<u32, LoadError> {
-    rand::rngs::OsRng
-        .try_next_u32()
-        .map_err(|e| LoadError::Seed(e.to_string()))
+    Ok(rand::rngs::OsRng.try_next_u32()?)
 }
 
 /// Up to 20% random extra delay, so many instances do not retry in step.
 fn jitter(d: Duration) -> Duration {
     d + d.mul_f64(rand::random::<f64>() * 0.2)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as StdError;
+
+    use super::*;
+    use crate::db::{DbError, PoolSettings};
+
+    #[tokio::test]
+    async fn a_failing_source_query_keeps_the_database_error_as_its_cause() {
+        let db = Db::connect_lazy("sqlite::memory:", &PoolSettings::default()).expect("url");
+        let filter = BloomFilter::new(BloomParams::optimal(100, 0.01).expect("params"), 7);
+        let err = fill(
+            &db,
+            &Arc::from("SELECT id FROM no_such_table"),
+            &Normalize::Integer,
+            &filter,
+            |_| {},
+            |_| {},
+        )
+        .await
+        .expect_err("a scan of a missing table must fail");
+        assert!(matches!(err, LoadError::Db(DbError::Query(_))), "{err:?}");
+        let db_error = err
+            .source()
+            .and_then(|c| c.downcast_ref::<DbError>())
+            .expect("the direct cause is the DbError");
+        let sqlx_error = db_error
+            .source()
+            .and_then(|c| c.downcast_ref::<sqlx::Error>())
+            .expect("whose cause is sqlx's");
+        assert!(
+            sqlx_error.to_string().contains("no_such_table"),
+            "{sqlx_error}"
+        );
+    }
 }

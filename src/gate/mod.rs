@@ -49,12 +49,12 @@ pub enum Verdict {
 /// The result of the last load or rebuild, for `/admin/filters`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LoadStatus {
-    /// `"ok"`, `"error"`, or `"never"` before the first attempt finishes.
-    pub result: &'static str,
-    /// How the live filter was obtained: `"source"` (a full build) or `"snapshot"`.
-    pub origin: Option<&'static str>,
-    /// Why the last build ran: `"startup"`, `"requested"`, `"scheduled"`, `"capacity"`.
-    pub reason: Option<&'static str>,
+    /// How the last attempt ended.
+    pub result: LoadResult,
+    /// How the live filter was obtained.
+    pub origin: Option<LoadOrigin>,
+    /// Why the last build ran.
+    pub reason: Option<RebuildReason>,
     /// Unix seconds when the last attempt finished.
     pub finished_at: Option<f64>,
     /// Duration of the last attempt.
@@ -71,8 +71,32 @@ pub struct LoadStatus {
     pub loading: bool,
 }
 
-/// Why a rebuild was asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the last load or rebuild ended; `"ok"`, `"error"` or `"never"` in the admin API.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadResult {
+    /// No attempt has finished yet.
+    #[default]
+    Never,
+    /// The filter was loaded.
+    Ok,
+    /// The attempt failed (see [`LoadStatus::error`]).
+    Error,
+}
+
+/// Where the live filter came from; `"source"` or `"snapshot"` in the admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadOrigin {
+    /// A full build from the source query.
+    Source,
+    /// The snapshot file, at start-up.
+    Snapshot,
+}
+
+/// Why a rebuild was asked for; serialised as [`RebuildReason::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RebuildReason {
     /// The first build at start-up.
     Startup,
@@ -171,10 +195,7 @@ impl Filter {
             rebuild_reason: Mutex::new(RebuildReason::Requested),
             watermark: Mutex::new(position),
             build_hook: Mutex::new(None),
-            status: Mutex::new(LoadStatus {
-                result: "never",
-                ..LoadStatus::default()
-            }),
+            status: Mutex::new(LoadStatus::default()),
             metrics,
         }
     }
@@ -484,4 +505,49 @@ pub(crate) fn unix_now() -> f64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    #[test]
+    fn load_status_keeps_the_admin_api_strings() {
+        let never = serde_json::to_value(LoadStatus::default()).expect("serialise");
+        assert_eq!(never["result"], "never");
+        assert_eq!(never["origin"], Value::Null);
+        assert_eq!(never["reason"], Value::Null);
+
+        let loaded = serde_json::to_value(LoadStatus {
+            result: LoadResult::Ok,
+            origin: Some(LoadOrigin::Snapshot),
+            reason: Some(RebuildReason::Startup),
+            ..LoadStatus::default()
+        })
+        .expect("serialise");
+        assert_eq!(loaded["result"], "ok");
+        assert_eq!(loaded["origin"], "snapshot");
+        assert_eq!(loaded["reason"], "startup");
+        assert_eq!(
+            serde_json::to_value(LoadResult::Error).expect("serialise"),
+            "error"
+        );
+        assert_eq!(
+            serde_json::to_value(LoadOrigin::Source).expect("serialise"),
+            "source"
+        );
+        for reason in [
+            RebuildReason::Startup,
+            RebuildReason::Requested,
+            RebuildReason::Scheduled,
+            RebuildReason::Capacity,
+        ] {
+            assert_eq!(
+                serde_json::to_value(reason).expect("serialise"),
+                json!(reason.as_str())
+            );
+        }
+    }
 }

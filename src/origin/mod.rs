@@ -22,6 +22,9 @@ use crate::key::{KeyBytes, OwnedKey};
 use crate::origin::client::{Upstream, UpstreamError};
 use crate::pipeline::route::PathPattern;
 
+/// An error of the body stream, as `http-body-util` reports it.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Largest upstream body that will be cached; larger answers fail with 502.
 pub const MAX_CACHED_BODY: usize = 8 * 1024 * 1024;
 
@@ -92,7 +95,10 @@ pub enum OriginError {
     UpstreamStatus(StatusCode),
     /// Reading the upstream body failed or it was too large to cache.
     #[error("upstream body: {0}")]
-    UpstreamBody(String),
+    UpstreamBody(#[source] BoxError),
+    /// The upstream's `host:port` is not a valid `Host` header value.
+    #[error("the upstream authority is not a valid Host header: {0}")]
+    UpstreamHost(#[source] http::header::InvalidHeaderValue),
     /// The row could not be encoded as JSON.
     #[error("cannot encode the row: {0}")]
     Encode(#[from] serde_json::Error),
@@ -200,7 +206,7 @@ impl UpstreamOrigin {
             .pattern
             .upstream_target(bytes.of(&norm), variant.and_then(|v| v.query.as_deref()));
         let authority = HeaderValue::from_str(self.upstream.authority().as_str())
-            .map_err(|e| OriginError::UpstreamBody(e.to_string()))?;
+            .map_err(OriginError::UpstreamHost)?;
         let mut req = Request::builder()
             .method(Method::GET)
             .uri(self.upstream.uri_for_target(&target)?)
@@ -233,7 +239,7 @@ impl UpstreamOrigin {
         )
         .await
         .map_err(|_| OriginError::Timeout(self.upstream.timeout()))?
-        .map_err(|e| OriginError::UpstreamBody(e.to_string()))?
+        .map_err(OriginError::UpstreamBody)?
         .to_bytes();
         Ok(Fetched::Found(CachedResponse {
             status,

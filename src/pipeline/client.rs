@@ -18,21 +18,34 @@ pub struct Cidrs {
     nets: Vec<IpNet>,
 }
 
+/// An entry of an address list that is neither an address nor a range; carries the
+/// entry and why it is not a range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{entry}` is neither an address nor a CIDR range (a.b.c.d/n)")]
+pub struct BadCidr {
+    /// The entry as configured (trimmed).
+    pub entry: String,
+    /// Why it does not parse as a range.
+    #[source]
+    pub source: ipnet::AddrParseError,
+}
+
 impl Cidrs {
     /// Parses `a.b.c.d/n`, `x::/n` or a bare address (a /32 or /128). The error names the
     /// entry that could not be read.
-    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Cidrs, String> {
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Cidrs, BadCidr> {
         let mut nets = Vec::with_capacity(entries.len());
         for entry in entries {
             let s = entry.as_ref().trim();
             let net = match s.parse::<IpNet>() {
                 Ok(net) => net.trunc(),
-                Err(_) => match s.parse::<IpAddr>() {
+                Err(source) => match s.parse::<IpAddr>() {
                     Ok(ip) => IpNet::from(ip),
                     Err(_) => {
-                        return Err(format!(
-                            "`{s}` is neither an address nor a CIDR range (a.b.c.d/n)"
-                        ));
+                        return Err(BadCidr {
+                            entry: s.to_owned(),
+                            source,
+                        });
                     }
                 },
             };

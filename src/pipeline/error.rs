@@ -2,12 +2,13 @@
 //! a stable code, a generic JSON body. 4xx are the client's and are not logged as errors;
 //! 5xx are logged once, with the cause, by the caller of [`ProxyError::log`].
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::cache::LoadMiss;
 use crate::key::KeyError;
 use crate::origin::OriginError;
 use crate::origin::client::UpstreamError;
@@ -50,16 +51,29 @@ pub enum ProxyError {
     },
     /// The origin did not answer in time: 504.
     #[error("origin timed out: {0}")]
-    Timeout(String),
+    Timeout(#[source] Failure),
     /// The database is down or its pool is exhausted: 503.
     #[error("origin unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Failure),
     /// The upstream failed or answered badly: 502.
     #[error("bad gateway: {0}")]
-    BadGateway(String),
+    BadGateway(#[source] Failure),
     /// Anything else (a failing lookup query, an encoding error): 500.
     #[error("internal error: {0}")]
-    Internal(String),
+    Internal(#[source] Failure),
+}
+
+/// What failed behind a 5xx: this request's own exchange with the upstream, or an
+/// origin load, whose error every request that waited on the load shares. Either keeps
+/// its whole chain of causes for the log.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// A pass-through exchange with the upstream.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// An origin lookup (an SQL query or an upstream fetch).
+    #[error(transparent)]
+    Origin(#[from] Arc<OriginError>),
 }
 
 impl ProxyError {
@@ -139,33 +153,135 @@ impl From<UpstreamError> for ProxyError {
         match e {
             UpstreamError::BodyTooLarge => ProxyError::BodyTooLarge,
             UpstreamError::ClientBody(_) => ProxyError::BadRequestBody(e),
-            UpstreamError::Timeout(_) => ProxyError::Timeout(e.to_string()),
-            other => ProxyError::BadGateway(other.to_string()),
+            UpstreamError::Timeout(_) => ProxyError::Timeout(e.into()),
+            other => ProxyError::BadGateway(other.into()),
         }
     }
 }
 
-impl From<&OriginError> for ProxyError {
-    fn from(e: &OriginError) -> Self {
-        match e {
-            OriginError::Timeout(_) => ProxyError::Timeout(e.to_string()),
-            OriginError::DbUnavailable(_) => ProxyError::Unavailable(e.to_string()),
-            OriginError::Upstream(UpstreamError::Timeout(_)) => ProxyError::Timeout(e.to_string()),
+impl From<Arc<OriginError>> for ProxyError {
+    fn from(e: Arc<OriginError>) -> Self {
+        let wrap = match &*e {
+            OriginError::Timeout(_) | OriginError::Upstream(UpstreamError::Timeout(_)) => {
+                ProxyError::Timeout
+            }
+            OriginError::DbUnavailable(_) => ProxyError::Unavailable,
             OriginError::Upstream(_)
             | OriginError::UpstreamStatus(_)
-            | OriginError::UpstreamBody(_) => ProxyError::BadGateway(e.to_string()),
-            OriginError::Db(_) | OriginError::Encode(_) => ProxyError::Internal(e.to_string()),
-        }
+            | OriginError::UpstreamBody(_)
+            | OriginError::UpstreamHost(_) => ProxyError::BadGateway,
+            OriginError::Db(_) | OriginError::Encode(_) => ProxyError::Internal,
+        };
+        wrap(Failure::Origin(e))
     }
 }
 
-impl From<&LoadMiss> for ProxyError {
-    fn from(e: &LoadMiss) -> Self {
-        match e {
-            LoadMiss::Origin(o) => o.into(),
-            LoadMiss::NotFound | LoadMiss::Unstored(_) => ProxyError::Internal(
-                "a not-found or unstored load was reported as a failure".into(),
-            ),
-        }
+#[cfg(test)]
+mod tests {
+    use std::error::Error as StdError;
+    use std::time::Duration;
+
+    use http_body_util::{Either, Empty};
+
+    use super::*;
+    use crate::config::{CompiledUpstream, UpstreamConfig};
+    use crate::db::{Db, DbError, PoolSettings};
+    use crate::key::OwnedKey;
+    use crate::origin::Origin;
+    use crate::origin::client::Upstream;
+
+    /// The causes below `e`, nearest first.
+    fn causes<'e>(e: &'e (dyn StdError + 'static)) -> Vec<&'e (dyn StdError + 'static)> {
+        std::iter::successors(e.source(), |&c| c.source()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_failing_lookup_query_keeps_the_database_error_as_its_cause() {
+        let db = Db::connect_lazy("sqlite::memory:", &PoolSettings::default()).expect("url");
+        let origin = Origin::Sql {
+            db,
+            query: Arc::from("SELECT * FROM no_such_table WHERE id = ?"),
+            timeout: Duration::from_secs(10),
+            ttl: Duration::from_secs(60),
+        };
+        let Err(failed) = origin.fetch(&OwnedKey::Int(1), None).await else {
+            panic!("a query on a missing table must fail");
+        };
+        let err = ProxyError::from(Arc::new(failed));
+        assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(err.as_str(), "internal_error");
+        // The log line reads as it did when the cause was flattened into the message.
+        assert!(
+            err.to_string()
+                .starts_with("internal error: lookup query failed: database query failed: "),
+            "{err}"
+        );
+
+        let chain = causes(&err);
+        let db_error = chain
+            .iter()
+            .find_map(|c| c.downcast_ref::<DbError>())
+            .expect("the DbError is in the chain");
+        assert!(matches!(db_error, DbError::Query(_)), "{db_error:?}");
+        let sqlx_error = chain
+            .iter()
+            .find_map(|c| c.downcast_ref::<sqlx::Error>())
+            .expect("sqlx's error is in the chain");
+        assert!(
+            matches!(sqlx_error, sqlx::Error::Database(_)),
+            "{sqlx_error:?}"
+        );
+        assert!(
+            sqlx_error.to_string().contains("no_such_table"),
+            "{sqlx_error}"
+        );
+
+        // The response stays generic: the cause is for the log only.
+        let body = err.into_response().into_body();
+        let bytes = http_body_util::BodyExt::collect(body)
+            .await
+            .expect("a full body")
+            .to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
+        assert_eq!(
+            json,
+            serde_json::json!({"error": "internal_error", "message": "Internal Server Error"})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_upstream_connection_keeps_the_io_error_as_its_root_cause() {
+        // A port that was just free: nothing listens on it now.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        drop(listener);
+        let upstream = Upstream::new(&CompiledUpstream {
+            settings: UpstreamConfig {
+                url: format!("http://{addr}"),
+                timeout: Duration::from_secs(10),
+                pool_idle_timeout: Duration::from_secs(1),
+                pool_max_idle: 1,
+            },
+            authority: addr.to_string().parse().expect("an authority"),
+        });
+        let req = http::Request::builder()
+            .uri(upstream.uri_for_target("/x").expect("uri"))
+            .body(Either::Left(Empty::new()))
+            .expect("request");
+        let failed = upstream.send(req).await.expect_err("nothing listens");
+        let err = ProxyError::from(failed);
+        assert_eq!(err.as_str(), "bad_gateway");
+        let chain = causes(&err);
+        assert!(
+            chain.iter().any(|c| c
+                .downcast_ref::<hyper_util::client::legacy::Error>()
+                .is_some()),
+            "{chain:?}"
+        );
+        let io = chain
+            .iter()
+            .find_map(|c| c.downcast_ref::<std::io::Error>())
+            .expect("the socket error is in the chain");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
     }
 }

@@ -280,29 +280,34 @@ impl Proxy {
         show: bool,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
-        let (served, counted, mut resp) = match self.decide(route, segment, req).await {
+        let Answer {
+            served,
+            counted,
+            mut response,
+        } = match self.decide(route, segment, req).await {
             Ok(answer) => answer,
             Err(e) => {
                 e.log(&route.label);
-                (Outcome::Error, Outcome::Error, error_response(e))
+                Answer::by(Outcome::Error, error_response(e))
             }
         };
         route.metrics.observe(counted, started.elapsed());
         if show {
-            resp.headers_mut()
+            response
+                .headers_mut()
                 .insert(X_BLOOMGATE, HeaderValue::from_static(served.header_value()));
         }
-        resp
+        response
     }
 
-    /// The pipeline for one guarded request. Returns the stage that answered (for the
-    /// header), the outcome to count, and the response.
+    /// The pipeline for one guarded request: the stage that answered, the outcome to
+    /// count, and the response.
     async fn decide(
         &self,
         route: &GuardedRoute,
         segment: &str,
         req: &GuardedRequest<'_>,
-    ) -> Result<(Outcome, Outcome, Response<ProxyBody>), ProxyError> {
+    ) -> Result<Answer, ProxyError> {
         let query = route.query.read(req.uri.query())?;
         let raw = match route.pattern.key_source() {
             KeySource::Segment(_) => route.pattern.segment_key(segment)?,
@@ -319,7 +324,7 @@ impl Proxy {
         let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
         if verdict == Verdict::Absent && !shadow_absent {
             // Short-circuit: the key is certainly absent; no cache, no origin.
-            return Ok((Outcome::Intercepted, Outcome::Intercepted, not_found()));
+            return Ok(Answer::by(Outcome::Intercepted, not_found()));
         }
         let counting = Counting {
             failing_open: verdict == Verdict::Unavailable,
@@ -357,18 +362,22 @@ impl Proxy {
         counting: Counting,
         served: Outcome,
         found: bool,
-        resp: Response<ProxyBody>,
-    ) -> (Outcome, Outcome, Response<ProxyBody>) {
+        response: Response<ProxyBody>,
+    ) -> Answer {
         if counting.failing_open {
-            return (Outcome::FailOpen, Outcome::FailOpen, resp);
+            return Answer::by(Outcome::FailOpen, response);
         }
         if counting.shadow_absent {
             if found {
                 self.false_negative(route, key);
             }
-            return (served, Outcome::WouldIntercept, resp);
+            return Answer {
+                served,
+                counted: Outcome::WouldIntercept,
+                response,
+            };
         }
-        (served, served, resp)
+        Answer::by(served, response)
     }
 
     /// The part of the pipeline past a cache miss: the false-positive budget, then the
@@ -381,7 +390,7 @@ impl Proxy {
         cache_key: CacheKey,
         credentials: bool,
         counting: Counting,
-    ) -> Result<(Outcome, Outcome, Response<ProxyBody>), ProxyError> {
+    ) -> Result<Answer, ProxyError> {
         let answer = |served: Outcome, found: bool, resp: Response<ProxyBody>| {
             self.count(route, key, counting, served, found, resp)
         };
@@ -401,7 +410,7 @@ impl Proxy {
         {
             tracing::debug!(route = %route.label, client = %ip, "false-positive budget exhausted");
             let resp = error_response(ProxyError::BudgetExhausted { retry_after_secs });
-            return Ok((Outcome::Throttled, Outcome::Throttled, resp));
+            return Ok(Answer::by(Outcome::Throttled, resp));
         }
 
         let fetch = async {
@@ -453,7 +462,7 @@ impl Proxy {
                 };
                 Ok(answer(outcome, false, not_found()))
             }
-            Loaded::Failed { error, .. } => Err(ProxyError::from(&*error)),
+            Loaded::Failed { error, .. } => Err(ProxyError::from(error)),
         }
     }
 
@@ -482,6 +491,28 @@ impl Proxy {
     /// The response cache, for metrics and the admin plane.
     pub fn cache(&self) -> &ResponseCache {
         &self.cache
+    }
+}
+
+/// What the pipeline did with one guarded request.
+struct Answer {
+    /// The stage that answered, told in the `x-bloomgate` header.
+    served: Outcome,
+    /// The outcome counted in the route's metrics: `served`, unless fail-open or a
+    /// shadow verdict overrides it.
+    counted: Outcome,
+    /// The response to send.
+    response: Response<ProxyBody>,
+}
+
+impl Answer {
+    /// An answer counted as the stage that served it.
+    fn by(outcome: Outcome, response: Response<ProxyBody>) -> Answer {
+        Answer {
+            served: outcome,
+            counted: outcome,
+            response,
+        }
     }
 }
 

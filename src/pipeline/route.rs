@@ -10,6 +10,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_perc
 
 use crate::config::KeySource;
 use crate::key::KeyError;
+use crate::pipeline::path::PathError;
 
 /// Everything but RFC 3986 unreserved characters is escaped in the targets we build.
 const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
@@ -57,50 +58,81 @@ pub struct PathPattern {
     options: MatchOptions,
 }
 
+/// Why a path pattern does not compile. The messages are reasons for the config field
+/// that holds the pattern.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    /// The pattern does not start with `/`.
+    #[error("must start with '/'")]
+    NotAbsolute,
+    /// A `?` or `#`: patterns are paths only.
+    #[error("must not contain '?' or '#'; name query keys with key = {{ query = … }}")]
+    QueryOrFragment,
+    /// A malformed percent-escape.
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// The pattern is not written as requests are matched; carries the canonical form.
+    #[error(
+        "must be written in canonical form (no `.`/`..` or empty segments, escapes only for reserved characters, in upper case): `{0}`"
+    )]
+    NotCanonical(String),
+    /// A trailing `/` on a pattern other than `/`.
+    #[error("must not end with '/'; use strict_trailing_slash for routes where it matters")]
+    TrailingSlash,
+    /// More than one `{param}` segment.
+    #[error("at most one {{param}} segment is supported")]
+    SecondParam,
+    /// A `{}` segment.
+    #[error("a {{param}} segment needs a name")]
+    UnnamedParam,
+    /// A segment such as `x{id}`.
+    #[error("segment `{0}` mixes text and braces")]
+    MixedSegment(String),
+    /// The key segment named by the config is not in the path.
+    #[error("key = {{ segment = \"{0}\" }} needs a `{{{0}}}` segment in the path")]
+    MissingKeySegment(String),
+    /// A `{param}` segment although the key comes from the query.
+    #[error("the key comes from the query, so the path must not have a {{{0}}} segment")]
+    ParamWithQueryKey(String),
+    /// `key = { query = "" }`.
+    #[error("the query parameter name must not be empty")]
+    EmptyQueryName,
+}
+
 impl PathPattern {
-    /// Compiles `path` for a key read from `key`. The error is a reason for the config.
+    /// Compiles `path` for a key read from `key`.
     pub fn parse(
         path: &str,
         key: &KeySource,
         options: MatchOptions,
-    ) -> Result<PathPattern, String> {
+    ) -> Result<PathPattern, PatternError> {
         let Some(rest) = path.strip_prefix('/') else {
-            return Err("must start with '/'".to_owned());
+            return Err(PatternError::NotAbsolute);
         };
         if path.contains(['?', '#']) {
-            return Err(
-                "must not contain '?' or '#'; name query keys with key = { query = … }".to_owned(),
-            );
+            return Err(PatternError::QueryOrFragment);
         }
-        match super::path::canonical(path) {
-            Ok(c) if c == path => {}
-            Ok(c) => {
-                return Err(format!(
-                    "must be written in canonical form (no `.`/`..` or empty segments, escapes only for reserved characters, in upper case): `{c}`"
-                ));
-            }
-            Err(e) => return Err(e.to_string()),
+        let canonical = super::path::canonical(path)?;
+        if canonical != path {
+            return Err(PatternError::NotCanonical(canonical.into_owned()));
         }
         if path.len() > 1 && path.ends_with('/') {
-            return Err(
-                "must not end with '/'; use strict_trailing_slash for routes where it matters"
-                    .to_owned(),
-            );
+            return Err(PatternError::TrailingSlash);
         }
         let mut segments = Vec::new();
         let mut param: Option<&str> = None;
         for seg in rest.split('/') {
             if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
                 if param.is_some() {
-                    return Err("at most one {param} segment is supported".to_owned());
+                    return Err(PatternError::SecondParam);
                 }
                 if name.is_empty() {
-                    return Err("a {param} segment needs a name".to_owned());
+                    return Err(PatternError::UnnamedParam);
                 }
                 param = Some(name);
                 segments.push(Segment::Param);
             } else if seg.contains(['{', '}']) {
-                return Err(format!("segment `{seg}` mixes text and braces"));
+                return Err(PatternError::MixedSegment(seg.to_owned()));
             } else {
                 segments.push(Segment::Literal(seg.to_owned()));
             }
@@ -108,17 +140,13 @@ impl PathPattern {
         match (key, param) {
             (KeySource::Segment(want), Some(have)) if want == have => {}
             (KeySource::Segment(want), _) => {
-                return Err(format!(
-                    "key = {{ segment = \"{want}\" }} needs a `{{{want}}}` segment in the path"
-                ));
+                return Err(PatternError::MissingKeySegment(want.clone()));
             }
             (KeySource::Query(_), Some(p)) => {
-                return Err(format!(
-                    "the key comes from the query, so the path must not have a {{{p}}} segment"
-                ));
+                return Err(PatternError::ParamWithQueryKey(p.to_owned()));
             }
             (KeySource::Query(name), None) if name.is_empty() => {
-                return Err("the query parameter name must not be empty".to_owned());
+                return Err(PatternError::EmptyQueryName);
             }
             (KeySource::Query(_), None) => {}
         }
@@ -131,23 +159,25 @@ impl PathPattern {
 
     /// Compiles the path of a write-through rule: a `{param}` segment is optional unless
     /// the key comes from the path, in which case its name must match.
-    pub fn parse_write(path: &str, key: &crate::config::WriteKey) -> Result<PathPattern, String> {
+    pub fn parse_write(
+        path: &str,
+        key: &crate::config::WriteKey,
+    ) -> Result<PathPattern, PatternError> {
         use crate::config::WriteKey;
         let options = MatchOptions::default();
-        if let WriteKey::Segment(name) = key {
-            return Self::parse(path, &KeySource::Segment(name.clone()), options);
-        }
-        match Self::parse(path, &KeySource::Query("_".into()), options) {
-            Ok(p) => Ok(p),
-            // A {param} is allowed here: write-through keys from headers or bodies ignore it.
-            Err(_) => {
-                let name = path
-                    .split('/')
-                    .find_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-                    .ok_or_else(|| "invalid path pattern".to_owned())?;
-                Self::parse(path, &KeySource::Segment(name.to_owned()), options)
-            }
-        }
+        let param = match key {
+            WriteKey::Segment(name) => name.clone(),
+            // A {param} is allowed here: write-through keys from headers or bodies ignore
+            // it, so the pattern compiles as if the key came from that segment.
+            _ => match path
+                .split('/')
+                .find_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            {
+                Some(name) => name.to_owned(),
+                None => return Self::parse(path, &KeySource::Query("_".into()), options),
+            },
+        };
+        Self::parse(path, &KeySource::Segment(param), options)
     }
 
     /// Where the key comes from.
@@ -479,15 +509,66 @@ mod tests {
         let o = MatchOptions::default();
         let q = KeySource::Query("k".into());
         let s = KeySource::Segment("id".into());
-        assert!(PathPattern::parse("api", &q, o).is_err());
-        assert!(PathPattern::parse("/a/{id}", &q, o).is_err());
-        assert!(PathPattern::parse("/a/b", &s, o).is_err());
-        assert!(PathPattern::parse("/a/{id}/{x}", &s, o).is_err());
-        assert!(PathPattern::parse("/a/x{id}", &s, o).is_err());
-        assert!(PathPattern::parse("/a//{id}", &s, o).is_err());
-        assert!(PathPattern::parse("/a/./{id}", &s, o).is_err());
-        assert!(PathPattern::parse("/a/%7e/{id}", &s, o).is_err());
-        assert!(PathPattern::parse("/a/b/", &q, o).is_err());
+        let err = |p: &str, k: &KeySource| PathPattern::parse(p, k, o).expect_err(p);
+        assert_eq!(err("api", &q), PatternError::NotAbsolute);
+        assert_eq!(
+            err("/a/{id}", &q),
+            PatternError::ParamWithQueryKey("id".into())
+        );
+        assert_eq!(
+            err("/a/b", &s),
+            PatternError::MissingKeySegment("id".into())
+        );
+        assert_eq!(err("/a/{id}/{x}", &s), PatternError::SecondParam);
+        assert_eq!(
+            err("/a/x{id}", &s),
+            PatternError::MixedSegment("x{id}".into())
+        );
+        assert_eq!(
+            err("/a//{id}", &s),
+            PatternError::NotCanonical("/a/{id}".into())
+        );
+        assert_eq!(
+            err("/a/./{id}", &s),
+            PatternError::NotCanonical("/a/{id}".into())
+        );
+        assert_eq!(
+            err("/a/%7e/{id}", &s),
+            PatternError::NotCanonical("/a/~/{id}".into())
+        );
+        assert_eq!(
+            err("/a/%zz/{id}", &s),
+            PatternError::Path(PathError::BadEscape)
+        );
+        assert_eq!(err("/a/b/", &q), PatternError::TrailingSlash);
+        // The messages are the config's reasons.
+        assert_eq!(
+            err("/a/b", &s).to_string(),
+            "key = { segment = \"id\" } needs a `{id}` segment in the path"
+        );
+        assert_eq!(
+            err("/a/{id}", &q).to_string(),
+            "the key comes from the query, so the path must not have a {id} segment"
+        );
         assert!(PathPattern::parse("/", &q, o).is_ok());
+    }
+
+    #[test]
+    fn write_patterns_take_an_optional_param() {
+        use crate::config::WriteKey;
+        let header = WriteKey::Header("location".into());
+        assert!(PathPattern::parse_write("/api/products", &header).is_ok());
+        assert!(PathPattern::parse_write("/api/products/{id}", &header).is_ok());
+        let segment = WriteKey::Segment("id".into());
+        assert!(PathPattern::parse_write("/api/products/{id}", &segment).is_ok());
+        assert_eq!(
+            PathPattern::parse_write("/api/products", &segment).expect_err("no segment"),
+            PatternError::MissingKeySegment("id".into())
+        );
+        // The real reason, not a generic one.
+        assert_eq!(
+            PathPattern::parse_write("api/products", &header).expect_err("relative"),
+            PatternError::NotAbsolute
+        );
     }
 }

@@ -17,7 +17,7 @@ use prometheus::IntCounter;
 
 use super::ProxyBody;
 use super::route::PathPattern;
-use crate::config::{CompiledWriteThrough, WriteKey, WriteThroughConfig};
+use crate::config::{CompiledWriteThrough, WriteKey};
 use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
 use crate::key::normalize;
@@ -25,46 +25,39 @@ use crate::key::normalize;
 /// Largest response body read to find a JSON key field.
 const MAX_JSON_BODY: usize = 1024 * 1024;
 
+/// Where a rule reads the created key: a [`WriteKey`], compiled.
+#[derive(Debug)]
+enum KeyFrom {
+    /// The key segment of the request path.
+    Segment,
+    /// The last path segment of this response header.
+    Header(String),
+    /// The field of the JSON response body at this JSON pointer (RFC 6901).
+    Json(String),
+}
+
+impl KeyFrom {
+    fn of(key: &WriteKey) -> KeyFrom {
+        match key {
+            WriteKey::Segment(_) => KeyFrom::Segment,
+            WriteKey::Header(name) => KeyFrom::Header(name.clone()),
+            WriteKey::Json(field) => KeyFrom::Json(json_pointer(field)),
+        }
+    }
+}
+
 /// One compiled write-through rule.
 pub struct WriteThrough {
     pattern: PathPattern,
     methods: Vec<Method>,
     statuses: Vec<StatusCode>,
-    key: WriteKey,
+    key: KeyFrom,
     filter: Arc<Filter>,
     admit: Arc<Admit>,
     added: IntCounter,
 }
 
 impl WriteThrough {
-    /// Compiles a rule; `filter` is the filter it names. The error is a reason.
-    pub fn new(
-        config: &WriteThroughConfig,
-        filter: Arc<Filter>,
-        admit: Arc<Admit>,
-        added: IntCounter,
-    ) -> Result<WriteThrough, String> {
-        Ok(WriteThrough {
-            pattern: PathPattern::parse_write(&config.path, &config.key)?,
-            methods: config
-                .methods
-                .iter()
-                .map(|m| {
-                    Method::from_bytes(m.to_ascii_uppercase().as_bytes()).map_err(|e| e.to_string())
-                })
-                .collect::<Result<_, _>>()?,
-            statuses: config
-                .statuses
-                .iter()
-                .map(|s| StatusCode::from_u16(*s).map_err(|e| e.to_string()))
-                .collect::<Result<_, _>>()?,
-            key: config.key.clone(),
-            filter,
-            admit,
-            added,
-        })
-    }
-
     fn accepts(&self, status: StatusCode) -> bool {
         if self.statuses.is_empty() {
             status.is_success()
@@ -84,7 +77,7 @@ impl WriteThrough {
             pattern: rule.pattern,
             methods: rule.methods,
             statuses: rule.statuses,
-            key: rule.key,
+            key: KeyFrom::of(&rule.key),
             filter,
             admit,
             added,
@@ -102,8 +95,8 @@ impl WriteThrough {
             return resp;
         }
         let (raw, resp) = match &self.key {
-            WriteKey::Segment(_) => (segment, resp),
-            WriteKey::Header(name) => {
+            KeyFrom::Segment => (segment, resp),
+            KeyFrom::Header(name) => {
                 let raw = resp
                     .headers()
                     .get(name.as_str())
@@ -111,7 +104,7 @@ impl WriteThrough {
                     .and_then(last_segment);
                 (raw, resp)
             }
-            WriteKey::Json(field) => json_key(resp, field).await,
+            KeyFrom::Json(pointer) => json_key(resp, pointer).await,
         };
         let Some(raw) = raw else {
             tracing::warn!(filter = self.filter.name(), key_from = ?self.key,
@@ -151,7 +144,7 @@ pub fn matching<'r>(
         }
         let segment = rule.pattern.matches(&path)?;
         let owned = match rule.key {
-            WriteKey::Segment(_) => percent_decode_str(segment)
+            KeyFrom::Segment => percent_decode_str(segment)
                 .decode_utf8()
                 .ok()
                 .map(|s| s.into_owned()),
@@ -175,10 +168,25 @@ fn last_segment(value: &str) -> Option<String> {
         .map(|s| s.into_owned())
 }
 
-/// Buffers a response whose declared length is small enough and reads `field` (dotted
-/// for nesting) from its JSON body. Bodies without a length, or larger, are passed on
+/// The configured field, dotted for nesting (`data.sku_id`), as a JSON pointer
+/// (`/data/sku_id`). Each name is escaped as RFC 6901 asks: `~` as `~0`, then `/` as `~1`,
+/// so names holding either are found; a name of digits also picks an array element.
+fn json_pointer(field: &str) -> String {
+    let mut pointer = String::with_capacity(field.len() + 1);
+    for name in field.split('.') {
+        pointer.push('/');
+        pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
+    }
+    pointer
+}
+
+/// Buffers a response whose declared length is small enough and reads the value at
+/// `pointer` from its JSON body. Bodies without a length, or larger, are passed on
 /// unread.
-async fn json_key(resp: Response<ProxyBody>, field: &str) -> (Option<String>, Response<ProxyBody>) {
+async fn json_key(
+    resp: Response<ProxyBody>,
+    pointer: &str,
+) -> (Option<String>, Response<ProxyBody>) {
     let declared = resp
         .headers()
         .get(CONTENT_LENGTH)
@@ -199,9 +207,8 @@ async fn json_key(resp: Response<ProxyBody>, field: &str) -> (Option<String>, Re
     };
     let key = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
-        .and_then(|v| field.split('.').try_fold(v, |v, part| v.get(part).cloned()))
-        .and_then(|v| match v {
-            serde_json::Value::String(s) => Some(s),
+        .and_then(|v| match v.pointer(pointer)? {
+            serde_json::Value::String(s) => Some(s.clone()),
             serde_json::Value::Number(n) => Some(n.to_string()),
             _ => None,
         });
@@ -224,5 +231,62 @@ mod tests {
         );
         assert_eq!(last_segment("/a%2Fb/7").as_deref(), Some("7"));
         assert_eq!(last_segment("/"), None);
+    }
+
+    #[test]
+    fn dotted_fields_become_escaped_json_pointers() {
+        assert_eq!(json_pointer("sku_id"), "/sku_id");
+        assert_eq!(json_pointer("data.sku_id"), "/data/sku_id");
+        assert_eq!(json_pointer("a~b.c/d"), "/a~0b/c~1d");
+        // `~1` in a name is the two characters, not an escaped `/`.
+        assert_eq!(json_pointer("x~1y"), "/x~01y");
+        assert_eq!(json_pointer(""), "/");
+    }
+
+    /// The key `json_key` reads at `field` from a response with this body.
+    async fn key_in(body: serde_json::Value, field: &str) -> Option<String> {
+        let bytes = Bytes::from(body.to_string());
+        let resp = Response::builder()
+            .header(CONTENT_LENGTH, bytes.len())
+            .body(Either::Left(Full::new(bytes.clone())))
+            .expect("response");
+        let (key, resp) = json_key(resp, &json_pointer(field)).await;
+        let passed_on = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(passed_on, bytes, "the body is passed on unchanged");
+        key
+    }
+
+    #[tokio::test]
+    async fn json_keys_are_found_by_pointer() {
+        use serde_json::json;
+        let body = json!({
+            "data": {"sku_id": 42, "name": "x"},
+            "a~b": {"c/d": "7"},
+            "x~1y": "literal",
+            "x/y": "slash",
+            "items": [{"id": "first"}],
+            "flag": true,
+        });
+        assert_eq!(
+            key_in(body.clone(), "data.sku_id").await.as_deref(),
+            Some("42")
+        );
+        assert_eq!(key_in(body.clone(), "a~b.c/d").await.as_deref(), Some("7"));
+        assert_eq!(
+            key_in(body.clone(), "x~1y").await.as_deref(),
+            Some("literal")
+        );
+        assert_eq!(key_in(body.clone(), "x/y").await.as_deref(), Some("slash"));
+        assert_eq!(
+            key_in(body.clone(), "items.0.id").await.as_deref(),
+            Some("first")
+        );
+        assert_eq!(key_in(body.clone(), "data.missing").await, None);
+        assert_eq!(
+            key_in(body.clone(), "data").await,
+            None,
+            "an object is no key"
+        );
+        assert_eq!(key_in(body, "flag").await, None, "a boolean is no key");
     }
 }

@@ -3,35 +3,13 @@
 
 use super::*;
 use std::time::Instant;
+use tempfile::TempDir;
 
 const SEED: u32 = 0x5eed_b100;
 
-/// A directory under the system temp dir, unique to one test, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "bloomgate-snapshot-{test}-{}-{n}-{nanos}",
-            process::id()
-        ));
-        fs::create_dir_all(&dir).expect("create the test directory");
-        Self(dir)
-    }
-
-    fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    /// The names in the directory, sorted.
-    fn names(&self) -> Vec<String> {
-        names(&self.0)
-    }
+/// A new directory under the system temp dir, removed with its contents on drop.
+fn temp_dir() -> TempDir {
+    tempfile::tempdir().expect("create the test directory")
 }
 
 /// The names in `dir`, sorted.
@@ -49,12 +27,6 @@ fn names(dir: &Path) -> Vec<String> {
     names
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 fn key(i: u64) -> Vec<u8> {
     format!("/users/{i}").into_bytes()
 }
@@ -70,7 +42,7 @@ fn filled(n: u64, inserted: u64) -> BloomFilter {
 
 /// The bytes of a valid snapshot of a small filter with an integer watermark.
 fn valid_bytes(dir: &TempDir) -> Vec<u8> {
-    let path = dir.join("valid.snap");
+    let path = dir.path().join("valid.snap");
     write(&path, &filled(1_000, 500), Some(Watermark::Int(77))).expect("write");
     fs::read(&path).expect("read back")
 }
@@ -85,7 +57,7 @@ fn reseal(bytes: &mut [u8]) {
 
 #[test]
 fn round_trip_keeps_keys_stats_seed_and_watermark() {
-    let dir = TempDir::new("round-trip");
+    let dir = temp_dir();
     let filter = filled(10_000, 8_000);
     for watermark in [
         None,
@@ -93,7 +65,7 @@ fn round_trip_keeps_keys_stats_seed_and_watermark() {
         Some(Watermark::Int(i64::MAX)),
         Some(Watermark::TimeMicros(1_767_225_600_123_456)),
     ] {
-        let path = dir.join("users.snap");
+        let path = dir.path().join("users.snap");
         let before = SystemTime::now() - Duration::from_secs(1);
         let info = write(&path, &filter, watermark).expect("write");
         assert_eq!(info.bytes, fs::metadata(&path).expect("stat").len());
@@ -119,7 +91,7 @@ fn round_trip_keeps_keys_stats_seed_and_watermark() {
 
 #[test]
 fn round_trip_of_empty_and_odd_sized_filters() {
-    let dir = TempDir::new("odd-sizes");
+    let dir = temp_dir();
     for bits in [1, 511, 512, 513, 1_000] {
         let params = BloomParams {
             expected_items: 10,
@@ -128,7 +100,7 @@ fn round_trip_of_empty_and_odd_sized_filters() {
             hashes: 3,
         };
         let filter = BloomFilter::new(params, 7);
-        let path = dir.join("odd.snap");
+        let path = dir.path().join("odd.snap");
         write(&path, &filter, None).expect("write empty");
         assert_eq!(read(&path).expect("read empty").filter.stats().items, 0);
         filter.insert(b"a");
@@ -144,7 +116,7 @@ fn round_trip_of_empty_and_odd_sized_filters() {
 
 #[test]
 fn the_layout_matches_the_documented_table() {
-    let dir = TempDir::new("layout");
+    let dir = temp_dir();
     let bytes = valid_bytes(&dir);
     let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
@@ -169,7 +141,7 @@ fn the_layout_matches_the_documented_table() {
 
 #[test]
 fn truncated_files_are_rejected_with_the_size_needed() {
-    let dir = TempDir::new("truncated");
+    let dir = temp_dir();
     let bytes = valid_bytes(&dir);
     let full = bytes.len() as u64;
     let min = (HEADER_LEN + CHECKSUM_LEN) as u64;
@@ -188,7 +160,7 @@ fn truncated_files_are_rejected_with_the_size_needed() {
         (bytes.len() - CHECKSUM_LEN, full),
         (bytes.len() - 1, full),
     ];
-    let path = dir.join("cut.snap");
+    let path = dir.path().join("cut.snap");
     for (cut, expected) in cuts {
         fs::write(&path, &bytes[..cut]).expect("write the cut file");
         let err = read(&path).expect_err("a truncated file");
@@ -202,7 +174,7 @@ fn truncated_files_are_rejected_with_the_size_needed() {
 
 #[test]
 fn trailing_bytes_are_an_inconsistent_header() {
-    let dir = TempDir::new("trailing");
+    let dir = temp_dir();
     let mut bytes = valid_bytes(&dir);
     bytes.extend_from_slice(&[0; 8]);
     let err = decode(&bytes).expect_err("trailing bytes");
@@ -212,7 +184,7 @@ fn trailing_bytes_are_an_inconsistent_header() {
 
 #[test]
 fn a_flipped_byte_is_reported_as_corruption() {
-    let dir = TempDir::new("flipped");
+    let dir = temp_dir();
     let bytes = valid_bytes(&dir);
     let last = bytes.len() - 1;
     // Words (first, middle, last), header fields the length does not depend on, and the
@@ -244,7 +216,7 @@ fn a_flipped_byte_is_reported_as_corruption() {
 
 #[test]
 fn a_damaged_bit_count_is_caught_before_the_checksum() {
-    let dir = TempDir::new("damaged-bits");
+    let dir = temp_dir();
     let bytes = valid_bytes(&dir);
     let bits = BloomParams::optimal(1_000, 0.01)
         .expect("valid params")
@@ -282,7 +254,7 @@ fn a_damaged_bit_count_is_caught_before_the_checksum() {
 
 #[test]
 fn zero_bits_or_a_hash_count_out_of_range_are_an_inconsistent_header() {
-    let dir = TempDir::new("zero");
+    let dir = temp_dir();
     let bytes = valid_bytes(&dir);
     let mut no_bits = bytes.clone();
     no_bits[16..24].fill(0);
@@ -316,8 +288,8 @@ fn zero_bits_or_a_hash_count_out_of_range_are_an_inconsistent_header() {
 
 #[test]
 fn foreign_files_are_not_snapshots() {
-    let dir = TempDir::new("foreign");
-    let path = dir.join("notes.txt");
+    let dir = temp_dir();
+    let path = dir.path().join("notes.txt");
     for text in [
         "this is a text file, not a snapshot of anything at all; long enough for a header\n"
             .repeat(3),
@@ -336,7 +308,7 @@ fn foreign_files_are_not_snapshots() {
 
 #[test]
 fn other_versions_are_refused_by_number() {
-    let dir = TempDir::new("version");
+    let dir = temp_dir();
     let mut bytes = valid_bytes(&dir);
     for version in [1u32, 3, 0, u32::MAX] {
         bytes[8..12].copy_from_slice(&version.to_le_bytes());
@@ -361,7 +333,7 @@ fn other_versions_are_refused_by_number() {
 
 #[test]
 fn a_short_header_length_is_inconsistent() {
-    let dir = TempDir::new("header-len");
+    let dir = temp_dir();
     let mut bytes = valid_bytes(&dir);
     bytes[12..16].copy_from_slice(&40u32.to_le_bytes());
     reseal(&mut bytes);
@@ -374,7 +346,7 @@ fn a_short_header_length_is_inconsistent() {
 
 #[test]
 fn a_longer_header_is_read_past() {
-    let dir = TempDir::new("header-ext");
+    let dir = temp_dir();
     let bytes = valid_bytes(&dir);
     let mut longer = bytes[..HEADER_LEN].to_vec();
     longer[12..16].copy_from_slice(&(HEADER_LEN as u32 + 8).to_le_bytes());
@@ -394,7 +366,7 @@ fn a_longer_header_is_read_past() {
 
 #[test]
 fn an_unknown_watermark_kind_is_inconsistent() {
-    let dir = TempDir::new("watermark");
+    let dir = temp_dir();
     let mut bytes = valid_bytes(&dir);
     bytes[56] = 9;
     reseal(&mut bytes);
@@ -409,7 +381,7 @@ fn an_unknown_watermark_kind_is_inconsistent() {
 fn a_version_1_file_is_refused_by_number() {
     // Version 1 held a classic bit array under the same header; its bits are meaningless
     // to the blocked probes, so it must never load, checksum or not.
-    let dir = TempDir::new("version-1");
+    let dir = temp_dir();
     let mut bytes = valid_bytes(&dir);
     bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
     reseal(&mut bytes);
@@ -423,8 +395,8 @@ fn a_version_1_file_is_refused_by_number() {
 
 #[test]
 fn a_missing_file_is_an_io_error() {
-    let dir = TempDir::new("missing");
-    let path = dir.join("absent.snap");
+    let dir = temp_dir();
+    let path = dir.path().join("absent.snap");
     let err = read(&path).expect_err("no file");
     assert!(
         matches!(&err, SnapshotError::Io { source, path: p, .. } if source.kind() == io::ErrorKind::NotFound && *p == path),
@@ -436,9 +408,9 @@ fn a_missing_file_is_an_io_error() {
 
 #[test]
 fn write_replaces_atomically_and_leaves_no_temporary_files() {
-    let dir = TempDir::new("atomic");
+    let dir = temp_dir();
     // The directory is created on the first write.
-    let path = dir.join("nested/deeper/users.snap");
+    let path = dir.path().join("nested/deeper/users.snap");
     let first = filled(1_000, 10);
     write(&path, &first, Some(Watermark::Int(1))).expect("first write");
     let second = filled(2_000, 1_500);
@@ -447,7 +419,7 @@ fn write_replaces_atomically_and_leaves_no_temporary_files() {
     assert_eq!(snap.watermark, Some(Watermark::Int(2)));
     assert_eq!(snap.filter.params(), second.params());
     assert_eq!(snap.filter.stats(), second.stats());
-    assert_eq!(names(&dir.join("nested/deeper")), ["users.snap"]);
+    assert_eq!(names(&dir.path().join("nested/deeper")), ["users.snap"]);
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -457,17 +429,61 @@ fn write_replaces_atomically_and_leaves_no_temporary_files() {
 }
 
 #[test]
+fn a_crash_before_the_rename_leaves_the_old_snapshot_in_place() {
+    let dir = temp_dir();
+    let path = dir.path().join("users.snap");
+    let old = filled(1_000, 10);
+    write(&path, &old, Some(Watermark::Int(1))).expect("first write");
+    // The second write gets as far as a complete, synced temporary file, then the
+    // process dies: nothing removes the file and nothing renames it.
+    let (temp, _) = write_temp(&path, &filled(2_000, 1_500), Some(Watermark::Int(2)))
+        .expect("the temporary file");
+    let (_, left) = temp.keep().expect("keep it as a crash would");
+
+    let snap = read(&path).expect("the old snapshot still reads");
+    assert_eq!(snap.watermark, Some(Watermark::Int(1)));
+    assert_eq!(snap.filter.stats(), old.stats());
+    // What the crash left is beside the snapshot, under a name no reader opens.
+    let stray = left
+        .file_name()
+        .expect("a file name")
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        stray.starts_with(".users.snap.") && stray.ends_with(".tmp"),
+        "{stray}"
+    );
+    assert_eq!(names(dir.path()), [stray.as_str(), "users.snap"]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(&left).expect("stat").permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the seed is a secret, even in a stray file"
+        );
+    }
+    // The next write replaces the snapshot as usual.
+    write(&path, &filled(2_000, 1_500), Some(Watermark::Int(3))).expect("next write");
+    assert_eq!(
+        read(&path).expect("read").watermark,
+        Some(Watermark::Int(3))
+    );
+}
+
+#[test]
 fn a_failed_write_removes_its_temporary_file() {
-    let dir = TempDir::new("failed");
+    let dir = temp_dir();
     // The rename fails: a file cannot replace a non-empty directory.
-    let path = dir.join("taken");
+    let path = dir.path().join("taken");
     fs::create_dir_all(path.join("inside")).expect("create the obstacle");
     let err = write(&path, &filled(100, 10), None).expect_err("rename onto a directory");
     assert!(
         matches!(&err, SnapshotError::Io { action, .. } if action.contains("move")),
         "{err:?}"
     );
-    assert_eq!(dir.names(), ["taken"]);
+    assert_eq!(names(dir.path()), ["taken"]);
     // No file name at all.
     let err = write(Path::new("/"), &filled(100, 10), None).expect_err("the root");
     assert!(matches!(err, SnapshotError::Io { .. }), "{err:?}");
@@ -475,8 +491,8 @@ fn a_failed_write_removes_its_temporary_file() {
 
 #[test]
 fn concurrent_writes_to_one_path_leave_one_valid_file() {
-    let dir = TempDir::new("concurrent");
-    let path = dir.join("shared.snap");
+    let dir = temp_dir();
+    let path = dir.path().join("shared.snap");
     let filter = filled(5_000, 2_000);
     std::thread::scope(|s| {
         for i in 0..4 {
@@ -486,13 +502,13 @@ fn concurrent_writes_to_one_path_leave_one_valid_file() {
     });
     let snap = read(&path).expect("read");
     assert_eq!(snap.filter.stats(), filter.stats());
-    assert_eq!(dir.names(), ["shared.snap"]);
+    assert_eq!(names(dir.path()), ["shared.snap"]);
 }
 
 #[test]
 fn inspect_describes_the_snapshot_without_the_seed() {
-    let dir = TempDir::new("inspect");
-    let path = dir.join("users.snap");
+    let dir = temp_dir();
+    let path = dir.path().join("users.snap");
     let filter = filled(10_000, 5_000);
     let at = 1_767_225_600_000_000;
     write(&path, &filter, Some(Watermark::TimeMicros(at))).expect("write");
@@ -510,9 +526,21 @@ fn inspect_describes_the_snapshot_without_the_seed() {
 
     let report = summary.to_string();
     eprintln!("{report}");
+    // Sizes in binary units with two decimals; this filter is a few KiB.
+    let kib = |bytes: u64| format!("{:.2} KiB", bytes as f64 / 1024.0);
     for expected in [
         "users.snap",
-        "format version 2",
+        &format!(
+            "file           {} bytes ({}), format version 2",
+            summary.file_bytes,
+            kib(summary.file_bytes)
+        ),
+        &format!(
+            "{} bits ({}), {} hashes per key",
+            filter.params().bits,
+            kib(filter.params().bits / 8),
+            filter.params().hashes
+        ),
         "10000 keys at a false-positive rate of 0.01",
         &format!("{} bits", filter.params().bits),
         &format!("{} hashes per key", filter.params().hashes),
@@ -535,7 +563,7 @@ fn inspect_describes_the_snapshot_without_the_seed() {
     );
     assert!(!format!("{summary:?}").contains(&SEED.to_string()));
 
-    let empty = dir.join("empty.snap");
+    let empty = dir.path().join("empty.snap");
     write(&empty, &filled(100, 0), None).expect("write");
     let report = inspect(&empty).expect("inspect").to_string();
     assert!(report.contains("watermark      none"), "{report}");
@@ -548,8 +576,8 @@ fn inspect_describes_the_snapshot_without_the_seed() {
 #[ignore = "timing; run in release"]
 fn timing_snapshot_10m() {
     const N: u64 = 10_000_000;
-    let dir = TempDir::new("timing");
-    let path = dir.join("ten-million.snap");
+    let dir = temp_dir();
+    let path = dir.path().join("ten-million.snap");
     let started = Instant::now();
     let filter = BloomFilter::new(BloomParams::optimal(N, 0.01).expect("valid params"), SEED);
     let mut buf = itoa::Buffer::new();
@@ -570,7 +598,7 @@ fn timing_snapshot_10m() {
         "{N} keys at 1%: {} bytes ({}); build {built:?}, write {:?} (sync and rename \
          included), read and verify {read_took:?}, inspect {inspect_took:?}",
         info.bytes,
-        human_bytes(info.bytes),
+        HumanBytes(info.bytes),
         info.took
     );
     assert_eq!(snap.filter.stats(), filter.stats());
