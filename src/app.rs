@@ -45,6 +45,14 @@ pub enum AppError {
     /// The database pool could not be configured (bad URL).
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
+    /// A route's origin needs a section the compiled config lacks.
+    #[error("route {route}: its origin needs [{section}]")]
+    MissingSection {
+        /// The route's label.
+        route: String,
+        /// The missing section.
+        section: &'static str,
+    },
     /// Metric registration failed (a name clash: a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -157,12 +165,18 @@ impl App {
                     forward_headers,
                     headers,
                 }),
-                // `Config::compile`, the only maker of a `Compiled`, refuses both.
+                // `Config::compile` refuses both; a `Compiled` changed afterwards may not.
                 (CompiledOrigin::Sql { .. }, None, _) => {
-                    unreachable!("compiled sql origin without [database]")
+                    return Err(AppError::MissingSection {
+                        route: r.label.to_string(),
+                        section: "database",
+                    });
                 }
                 (CompiledOrigin::Upstream { .. }, _, None) => {
-                    unreachable!("compiled upstream origin without [upstream]")
+                    return Err(AppError::MissingSection {
+                        route: r.label.to_string(),
+                        section: "upstream",
+                    });
                 }
             };
             routes.push(GuardedRoute {
@@ -437,6 +451,27 @@ mod tests {
             }
             Err(e) => panic!("another error: {e}"),
             Ok(_) => panic!("bound a config with a broken route"),
+        }
+    }
+
+    /// A compiled config changed after compiling so that a route's origin has nothing to
+    /// ask is refused by name, not a panic.
+    #[tokio::test]
+    async fn build_refuses_an_origin_whose_section_is_gone() {
+        let mut compiled = Config::from_toml_str(CONFIG)
+            .expect("valid")
+            .compile()
+            .expect("compiles");
+        compiled.config.database = None;
+        match App::build(compiled, Registry::new()).await {
+            Err(AppError::MissingSection { route, section }) => {
+                assert_eq!(
+                    (route.as_str(), section),
+                    ("/api/products/{id}", "database")
+                );
+            }
+            Err(e) => panic!("another error: {e}"),
+            Ok(_) => panic!("built a sql route without a database"),
         }
     }
 }

@@ -525,26 +525,41 @@ fn compile_write_through(
     })
 }
 
+/// Why a configured value is not what its field needs; the message is the reason.
+#[derive(Debug, thiserror::Error)]
+enum BadValue {
+    #[error("{0} is not an HTTP status")]
+    Status(u16),
+    #[error("not a URL: {0}")]
+    Url(#[source] http::uri::InvalidUri),
+    #[error("must start with http:// (terminate TLS in front of the upstream)")]
+    NotHttp,
+    #[error("needs a host and port")]
+    NoHost,
+    #[error("must not carry a path: requests keep their own path")]
+    HasPath,
+}
+
 /// An HTTP status as a response carries it (100 to 599).
-fn status(code: u16) -> Result<StatusCode, String> {
+fn status(code: u16) -> Result<StatusCode, BadValue> {
     match StatusCode::from_u16(code) {
         Ok(s) if (100..=599).contains(&code) => Ok(s),
-        _ => Err(format!("{code} is not an HTTP status")),
+        _ => Err(BadValue::Status(code)),
     }
 }
 
 /// The `host:port` of an upstream URL of the form `http://host:port`.
-fn upstream_authority(url: &str) -> Result<Authority, String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+fn upstream_authority(url: &str) -> Result<Authority, BadValue> {
+    let uri: http::Uri = url.parse().map_err(BadValue::Url)?;
     if uri.scheme_str() != Some("http") {
-        return Err("must start with http:// (terminate TLS in front of the upstream)".into());
+        return Err(BadValue::NotHttp);
     }
     let has_path = uri.path() != "/" && !uri.path().is_empty();
     let Some(authority) = uri.into_parts().authority else {
-        return Err("needs a host and port".into());
+        return Err(BadValue::NoHost);
     };
     if has_path {
-        return Err("must not carry a path: requests keep their own path".into());
+        return Err(BadValue::HasPath);
     }
     Ok(authority)
 }
