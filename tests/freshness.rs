@@ -172,6 +172,12 @@ async fn inserted_keys_are_served_within_the_sync_interval_plus_overlap() {
             .await
             < 60.0
     );
+    assert_eq!(
+        proxy
+            .metric("bloomgate_filter_sync_interval_seconds{filter=\"products\"}")
+            .await,
+        SYNC_INTERVAL_MS as f64 / 1000.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -510,6 +516,13 @@ async fn shadow_mode_serves_and_counts_false_negatives_that_enforce_mode_refuses
     s.fpp = 0.0001;
     s.mode = "shadow";
     let proxy = TestProxy::spawn_ready(&config(&s)).await;
+    // Only a filter with sync publishes its interval (the sync-lag alert relies on it).
+    assert_eq!(
+        proxy
+            .metric_or_absent("bloomgate_filter_sync_interval_seconds{filter=\"products\"}")
+            .await,
+        None
+    );
     // Keys inserted behind the proxy's back; with sync off the filter never learns them.
     let hidden: Vec<u64> = (0..5).map(|i| demo_absent_sku(i * 13)).collect();
     db.insert_products(&hidden).await;

@@ -305,12 +305,24 @@ impl TestProxy {
             .await
     }
 
-    /// The value of one sample in `/metrics`, e.g. `bloomgate_requests_total{outcome="intercepted",route="r"}`.
+    /// The value of one series in `/metrics`, spelled as exported (labels in name order),
+    /// e.g. `bloomgate_requests_total{outcome="intercepted",route="r"}`. Fails the test if
+    /// the series is absent, naming the series of its family that are there: a renamed
+    /// metric or a misspelled label must not read as 0.
     pub async fn metric(&self, series: &str) -> f64 {
         let text = self.admin_get("/metrics").await.text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
+        series_value(&text, series).unwrap_or_else(|| {
+            panic!(
+                "no series {series} in /metrics; series of its family there: {:?}",
+                family_series(&text, series)
+            )
+        })
+    }
+
+    /// The value of one series in `/metrics`, or `None` if it is absent. Only for checks
+    /// whose claim is the absence itself; everywhere else use [`TestProxy::metric`].
+    pub async fn metric_or_absent(&self, series: &str) -> Option<f64> {
+        series_value(&self.admin_get("/metrics").await.text(), series)
     }
 
     /// GET on the data plane with request headers.
@@ -329,6 +341,34 @@ impl TestProxy {
     pub fn client(&self) -> &HttpClient {
         &self.client
     }
+}
+
+/// The value of `series` (name and labels exactly as exported) in Prometheus text, or
+/// `None` if no sample has that name and those labels. A present sample whose value does
+/// not parse fails the test.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|rest| {
+            let value = rest.split(' ').next().unwrap_or_default();
+            value
+                .parse()
+                .unwrap_or_else(|e| panic!("{series} has the value {value:?}: {e}"))
+        })
+}
+
+/// Every sample in `text` of the family `series` belongs to (its name without labels).
+pub fn family_series(text: &str, series: &str) -> Vec<String> {
+    let family = series.split('{').next().unwrap_or(series);
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 impl Drop for TestProxy {

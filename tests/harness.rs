@@ -1,0 +1,159 @@
+//! The test harness itself (`tests/support`), held to what the other tests rely on: a
+//! metric read names exactly one series and fails the test when that series is absent.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bloomgate::db::{Db, PoolSettings};
+use support::{TestProxy, family_series, series_value};
+
+const TEXT: &str = "\
+# HELP bloomgate_filter_capacity Keys the live filter was sized for.
+# TYPE bloomgate_filter_capacity gauge
+bloomgate_filter_capacity{filter=\"products\"} 2000
+bloomgate_filter_capacity_rebuilds_total{filter=\"products\"} 3
+bloomgate_requests_total{outcome=\"cache_hit\",route=\"products\"} 7
+bloomgate_requests_total{outcome=\"cache_hit\",route=\"products_v2\"} 9
+bloomgate_build_info{version=\"0.1.0\"} 1
+bloomgate_false_positive_budget_per_client 3
+";
+
+#[test]
+fn a_series_is_read_by_its_exact_name_and_labels() {
+    let read = |s: &str| series_value(TEXT, s);
+    assert_eq!(
+        read("bloomgate_filter_capacity{filter=\"products\"}"),
+        Some(2000.0)
+    );
+    assert_eq!(
+        read("bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}"),
+        Some(3.0)
+    );
+    assert_eq!(
+        read("bloomgate_requests_total{outcome=\"cache_hit\",route=\"products\"}"),
+        Some(7.0)
+    );
+    assert_eq!(
+        read("bloomgate_false_positive_budget_per_client"),
+        Some(3.0)
+    );
+    // A prefix of a longer name, a label value's prefix, labels out of the exported
+    // order, and a family without its labels are all absent, not 0.
+    for absent in [
+        "bloomgate_filter_capacity_rebuilds",
+        "bloomgate_requests_total{outcome=\"cache_hit\",route=\"prod",
+        "bloomgate_requests_total{route=\"products\",outcome=\"cache_hit\"}",
+        "bloomgate_requests_total",
+        "bloomgate_false_positive_budget",
+        "bloomgate_filter_capacity{filter=\"other\"}",
+    ] {
+        assert_eq!(read(absent), None, "{absent}");
+    }
+}
+
+#[test]
+fn the_series_of_a_family_are_listed_for_a_missing_one() {
+    assert_eq!(
+        family_series(TEXT, "bloomgate_requests_total{outcome=\"nope\"}"),
+        [
+            "bloomgate_requests_total{outcome=\"cache_hit\",route=\"products\"} 7",
+            "bloomgate_requests_total{outcome=\"cache_hit\",route=\"products_v2\"} 9",
+        ]
+    );
+    assert_eq!(
+        family_series(TEXT, "bloomgate_filter_capacity{filter=\"x\"}"),
+        ["bloomgate_filter_capacity{filter=\"products\"} 2000"]
+    );
+}
+
+/// A proxy over an empty SQLite table with one guarded route, `products`.
+async fn sqlite_proxy(dir: &std::path::Path) -> TestProxy {
+    let url = format!("sqlite://{}", dir.join("harness.db").display());
+    let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
+    db.migrate().await.expect("migrate");
+    db.close().await;
+    let proxy = TestProxy::spawn(&format!(
+        r#"
+[database]
+url = "{url}"
+[filters.products]
+source_query = "SELECT sku_id FROM products"
+expected_items = 100
+[[routes]]
+name = "products"
+path = "/api/products/{{id}}"
+key = {{ segment = "id" }}
+filter = "products"
+origin = {{ kind = "sql", query = "SELECT sku_id FROM products WHERE sku_id = ?" }}
+"#
+    ))
+    .await;
+    proxy.wait_ready(Duration::from_secs(60)).await;
+    proxy
+}
+
+/// A temporary directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        let dir =
+            std::env::temp_dir().join(format!("bloomgate-harness-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metric_that_is_there_from_the_start_reads_0_and_an_absent_one_is_none() {
+    let dir = TempDir::new();
+    let proxy = sqlite_proxy(&dir.0).await;
+    assert_eq!(
+        proxy
+            .metric("bloomgate_requests_total{outcome=\"cache_hit\",route=\"products\"}")
+            .await,
+        0.0
+    );
+    assert_eq!(
+        proxy
+            .metric_or_absent("bloomgate_requests_total{outcome=\"cache_hit\",route=\"nope\"}")
+            .await,
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_an_absent_metric_fails_the_test_and_names_what_is_there() {
+    let dir = TempDir::new();
+    let proxy = sqlite_proxy(&dir.0).await;
+    let missing = "bloomgate_requests_total{outcome=\"cache_hit\",route=\"nope\"}";
+    let failed = tokio::spawn(async move { proxy.metric(missing).await })
+        .await
+        .expect_err("reading an absent series fails");
+    let message = failed
+        .into_panic()
+        .downcast::<String>()
+        .map(|m| *m)
+        .unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("no series {missing} in /metrics")),
+        "{message}"
+    );
+    for outcome in ["cache_hit", "intercepted", "throttled"] {
+        let present = format!(
+            "bloomgate_requests_total{{outcome=\\\"{outcome}\\\",route=\\\"products\\\"}} 0"
+        );
+        assert!(
+            message.contains(&present),
+            "{present} not named in: {message}"
+        );
+    }
+}
