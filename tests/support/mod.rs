@@ -1,15 +1,20 @@
 //! Test harness: a real bloomgate on 127.0.0.1 port 0 (`TestProxy`), a throwaway MariaDB
 //! database and user per test (`TestDb`, counting the SELECTs the proxy runs), a real
-//! upstream API that counts its hits (`StubUpstream`), a TCP relay that can play a
-//! database that is down (`Relay`), a small HTTP client, and raw TCP exchanges
-//! (`send_raw`).
+//! upstream API that counts its hits and can hold a request until the test lets it go
+//! (`StubUpstream`), a TCP relay that can play a database that is down (`Relay`), a small
+//! HTTP client, and raw TCP exchanges (`send_raw`).
+//!
+//! Waiting is on events: a request the stub holds, a poll counted in `/metrics`, a
+//! statement in MariaDB's process list. A heavy MariaDB test takes its database with
+//! `TestDb::create_heavy` and runs alone among its binary's MariaDB tests, so that none of
+//! them has its clock or its polls slowed by it.
 
 #![allow(dead_code)]
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use bloomgate::App;
@@ -28,7 +33,7 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, oneshot, watch};
 
 /// The MariaDB server URL exported by `scripts/test`, without a database.
 /// Locally, without it, MariaDB tests are skipped with a notice; in CI they fail.
@@ -50,6 +55,18 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{:016x}", rand::random::<u64>())
 }
 
+/// Whose turn it is among this binary's MariaDB tests, which libtest runs in parallel:
+/// a heavy test (tens of thousands of requests, large builds, writers under churn) holds
+/// it alone, so that it never runs beside a test that counts polls, waits on a TTL or
+/// bounds a latency on this 2-core machine; the others share it.
+static TURNS: LazyLock<Arc<RwLock<()>>> = LazyLock::new(|| Arc::new(RwLock::new(())));
+
+/// A test's hold on [`TURNS`], released when its [`TestDb`] is dropped.
+enum Turn {
+    Shared(OwnedRwLockReadGuard<()>),
+    Alone(OwnedRwLockWriteGuard<()>),
+}
+
 /// A database and a user of its own, so `selects()` counts only this test's proxy.
 pub struct TestDb {
     /// Database name.
@@ -59,12 +76,26 @@ pub struct TestDb {
     user: String,
     /// Pool as the privileged test user, for set-up and inspection.
     pub admin: MySqlPool,
+    _turn: Turn,
 }
 
 impl TestDb {
     /// Creates the database, its user, the schema, and `products` demo rows
-    /// (keys `demo_sku(0..products)`).
+    /// (keys `demo_sku(0..products)`). The test shares the machine with the other
+    /// MariaDB tests of its binary, but never with a heavy one.
     pub async fn create(server: &str, products: u64) -> TestDb {
+        let turn = Turn::Shared(Arc::clone(&TURNS).read_owned().await);
+        Self::create_in_turn(server, products, turn).await
+    }
+
+    /// As [`TestDb::create`], for a heavy test: it waits until no other MariaDB test of
+    /// its binary runs, and none starts until it is dropped.
+    pub async fn create_heavy(server: &str, products: u64) -> TestDb {
+        let turn = Turn::Alone(Arc::clone(&TURNS).write_owned().await);
+        Self::create_in_turn(server, products, turn).await
+    }
+
+    async fn create_in_turn(server: &str, products: u64, turn: Turn) -> TestDb {
         let admin = MySqlPool::connect(server)
             .await
             .expect("connect to MariaDB");
@@ -99,36 +130,81 @@ impl TestDb {
             url,
             user,
             admin,
+            _turn: turn,
         }
     }
 
-    /// SELECT statements run so far by the proxy's user (MariaDB's USER_STATISTICS).
+    /// SELECT statements run so far by the proxy's user (MariaDB's USER_STATISTICS),
+    /// once every statement it has sent has finished.
     pub async fn selects(&self) -> u64 {
         self.user_statistic("SELECT_COMMANDS").await
     }
 
-    /// SELECTs so far, once the count has stopped moving: MariaDB updates a user's
-    /// statistics when a statement ends, which can be just after its rows reached the
-    /// client, so a count read right after a lookup may not include it yet.
-    pub async fn settled_selects(&self) -> u64 {
-        let mut last = self.selects().await;
-        for _ in 0..50 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            let now = self.selects().await;
-            if now == last {
-                return now;
-            }
-            last = now;
-        }
-        last
-    }
-
-    /// Rows read so far by the proxy's user.
+    /// Rows read so far by the proxy's user, once every statement it has sent has
+    /// finished.
     pub async fn rows_read(&self) -> u64 {
         self.user_statistic("ROWS_READ").await
     }
 
+    /// Connections of the proxy's user that are running a statement. MariaDB sends a
+    /// statement's result first, then adds it to the user's statistics, then marks the
+    /// connection idle (`Sleep`): a count read right after the client has its rows may
+    /// miss the statement, one read once this is 0 cannot.
+    async fn busy_connections(&self) -> u64 {
+        let row = sqlx::query(
+            "SELECT CAST(COUNT(*) AS UNSIGNED) FROM information_schema.PROCESSLIST \
+             WHERE USER = ? AND COMMAND <> 'Sleep'",
+        )
+        .bind(&self.user)
+        .fetch_one(&self.admin)
+        .await
+        .expect("read the process list");
+        row.get::<u64, _>(0)
+    }
+
+    /// Waits until no connection of the proxy's user runs a statement (MariaDB is
+    /// another process: it is polled, for at most 30 s).
+    pub async fn wait_idle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.busy_connections().await > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the proxy's user still runs a statement after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until `n` connections of the proxy's user are running a statement that
+    /// contains `fragment` (polled, for at most 30 s). With the rows it reads locked by
+    /// the test, such a statement is waiting for the lock: InnoDB does not list every
+    /// autocommit locking read among its transactions, but the process list shows it.
+    pub async fn wait_running(&self, fragment: &str, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let row = sqlx::query(
+                "SELECT CAST(COUNT(*) AS UNSIGNED) FROM information_schema.PROCESSLIST \
+                 WHERE USER = ? AND COMMAND <> 'Sleep' AND INSTR(INFO, ?) > 0",
+            )
+            .bind(&self.user)
+            .bind(fragment)
+            .fetch_one(&self.admin)
+            .await
+            .expect("read the process list");
+            let running = row.get::<u64, _>(0);
+            if running >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{running} of the proxy's connections run `{fragment}` after 30 s, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn user_statistic(&self, column: &'static str) -> u64 {
+        self.wait_idle().await;
         let sql = format!(
             "SELECT CAST(COALESCE(SUM({column}), 0) AS UNSIGNED) FROM information_schema.USER_STATISTICS WHERE USER = ?"
         );
@@ -469,6 +545,8 @@ pub struct Seen {
 ///   Found answers carry the headers in `answer_headers`, and echo `lang` and the
 ///   `accept-language` header.
 /// - `GET /slow/{ms}`: answers after `ms` milliseconds.
+/// - `GET|POST /held…`: answers 200 once the test lets it (see [`StubUpstream::hold_next`]),
+///   at once if nothing is held.
 /// - `POST|PUT /echo…`: streams the request body back in chunks; records what it saw.
 pub struct StubUpstream {
     pub addr: SocketAddr,
@@ -489,6 +567,8 @@ pub struct StubState {
     pub fail_with_500: AtomicBool,
     /// See [`StubUpstream::hold_next_not_found`].
     pub hold: Mutex<Option<(oneshot::Sender<u64>, oneshot::Receiver<()>)>>,
+    /// See [`StubUpstream::hold_next`].
+    pub held: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
 }
 
 impl StubUpstream {
@@ -559,6 +639,15 @@ impl StubUpstream {
         let (release, on_release) = oneshot::channel();
         *self.state.hold.lock().expect("lock") = Some((decided, on_release));
         (on_decided, release)
+    }
+
+    /// Holds the next request to `/held…`: the first receiver fires once the stub has the
+    /// request, and the answer leaves when the returned sender is used (or dropped).
+    pub fn hold_next(&self) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        let (arrived, on_arrival) = oneshot::channel();
+        let (release, on_release) = oneshot::channel();
+        *self.state.held.lock().expect("lock") = Some((arrived, on_release));
+        (on_arrival, release)
     }
 
     /// `http://addr`
@@ -640,6 +729,14 @@ impl Handler for StubHandler {
                 r.headers_mut().insert("location", v);
             }
             return r;
+        }
+        if path.starts_with("/held") {
+            let held = self.0.held.lock().expect("lock").take();
+            if let Some((arrived, release)) = held {
+                let _ = arrived.send(());
+                let _ = release.await;
+            }
+            return full(StatusCode::OK, "{\"held\":true}".into());
         }
         if let Some(ms) = path
             .strip_prefix("/slow/")
