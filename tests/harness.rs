@@ -1,13 +1,15 @@
 //! The test harness itself (`tests/support`), held to what the other tests rely on: a
-//! metric read names exactly one series and fails the test when that series is absent.
+//! metric read names exactly one series and fails the test when that series is absent;
+//! without a MariaDB server, MariaDB tests skip visibly, or fail under CI.
 
 mod support;
 
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use bloomgate::db::{Db, PoolSettings};
-use support::{TestProxy, family_series, series_value};
+use support::{MYSQL_URL_VAR, TestProxy, family_series, mysql_url, series_value};
 
 const TEXT: &str = "\
 # HELP bloomgate_filter_capacity Keys the live filter was sized for.
@@ -156,4 +158,58 @@ async fn reading_an_absent_metric_fails_the_test_and_names_what_is_there() {
             "{present} not named in: {message}"
         );
     }
+}
+
+/// A MariaDB test reduced to its first step; run by
+/// `without_a_server_mariadb_tests_skip_with_one_notice_or_fail_under_ci` in a child
+/// process without the server's URL.
+#[test]
+fn probe_the_skip_rule_a() {
+    if let Some(url) = mysql_url() {
+        assert!(url.starts_with("mysql://"), "{url}");
+    }
+}
+
+/// A second one, so that the notice is seen to come once per binary.
+#[test]
+fn probe_the_skip_rule_b() {
+    if let Some(url) = mysql_url() {
+        assert!(url.starts_with("mysql://"), "{url}");
+    }
+}
+
+#[test]
+fn without_a_server_mariadb_tests_skip_with_one_notice_or_fail_under_ci() {
+    let notice = "skipping the MariaDB tests of this binary";
+    let run = |ci: Option<&str>| {
+        let mut cmd = Command::new(std::env::current_exe().expect("the test binary"));
+        cmd.args(["probe_the_skip_rule", "--test-threads=2"])
+            .env_remove(MYSQL_URL_VAR)
+            .env_remove("CI");
+        if let Some(value) = ci {
+            cmd.env("CI", value);
+        }
+        let out = cmd.output().expect("run the probes");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Locally (an empty CI counts as unset): both pass, and the notice shows once, with
+    // libtest capturing the tests' output.
+    for ci in [None, Some("")] {
+        let (ok, stdout, stderr) = run(ci);
+        assert!(ok, "CI={ci:?}: {stdout}{stderr}");
+        assert!(stdout.contains("2 passed"), "CI={ci:?}: {stdout}");
+        assert_eq!(stderr.matches(notice).count(), 1, "CI={ci:?}: {stderr}");
+    }
+    // Under CI both fail, naming what is missing.
+    let (ok, stdout, stderr) = run(Some("1"));
+    assert!(!ok, "{stdout}{stderr}");
+    assert!(stdout.contains("2 failed"), "{stdout}");
+    assert!(
+        stdout.contains("BLOOMGATE_TEST_MYSQL_URL is not set but CI is"),
+        "{stdout}"
+    );
 }
