@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::StubUpstream;
+use support::{ChildGuard, StubUpstream};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bloomgate");
 
@@ -182,18 +182,18 @@ async fn sigterm_finishes_in_flight_requests_then_exits_0() {
         stub.url()
     );
     let path = write_config("term.toml", &config);
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--config",
-            path.to_str().unwrap_or_default(),
-            "--log-format",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start bloomgate");
+    let mut child = ChildGuard::spawn(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--config",
+                path.to_str().unwrap_or_default(),
+                "--log-format",
+                "json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit()),
+    );
     let stdout = child.stdout.take().expect("stdout");
     let (tx, lines) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {

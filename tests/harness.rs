@@ -1,6 +1,7 @@
 //! The test harness itself (`tests/support`), held to what the other tests rely on: a
 //! metric read names exactly one series and fails the test when that series is absent;
-//! without a MariaDB server, MariaDB tests skip visibly, or fail under CI.
+//! without a MariaDB server, MariaDB tests skip visibly, or fail under CI; a child
+//! process does not outlive the test that started it, even one that fails.
 
 mod support;
 
@@ -9,7 +10,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use bloomgate::db::{Db, PoolSettings};
-use support::{MYSQL_URL_VAR, TestProxy, family_series, mysql_url, series_value};
+use support::{
+    ChildGuard, MYSQL_URL_VAR, TestProxy, family_series, mysql_url, process_alive, series_value,
+};
 
 const TEXT: &str = "\
 # HELP bloomgate_filter_capacity Keys the live filter was sized for.
@@ -212,4 +215,19 @@ fn without_a_server_mariadb_tests_skip_with_one_notice_or_fail_under_ci() {
         stdout.contains("BLOOMGATE_TEST_MYSQL_URL is not set but CI is"),
         "{stdout}"
     );
+}
+
+#[test]
+fn a_child_process_dies_with_the_test_that_fails() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let failed = std::thread::spawn(move || {
+        let child = ChildGuard::spawn(Command::new("sleep").arg("600"));
+        tx.send(child.id()).expect("send the pid");
+        assert!(process_alive(child.id()));
+        panic!("a failing test");
+    })
+    .join();
+    assert!(failed.is_err());
+    let pid = rx.recv().expect("the child's pid");
+    assert!(!process_alive(pid), "sleep {pid} outlived its test");
 }

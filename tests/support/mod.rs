@@ -296,6 +296,55 @@ fn pool_settings() -> PoolSettings {
     }
 }
 
+/// A child process that is killed and reaped when this is dropped, so that a test that
+/// fails (panics) leaves nothing running.
+pub struct ChildGuard(std::process::Child);
+
+impl ChildGuard {
+    /// Starts `command`.
+    pub fn spawn(command: &mut std::process::Command) -> ChildGuard {
+        ChildGuard(
+            command
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {command:?}: {e}")),
+        )
+    }
+}
+
+impl std::ops::Deref for ChildGuard {
+    type Target = std::process::Child;
+
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has exited). Linux only.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
 /// A running bloomgate, stopped when dropped.
 pub struct TestProxy {
     /// Data-plane address.
