@@ -1,7 +1,8 @@
 //! The test harness itself (`tests/support`), held to what the other tests rely on: a
 //! metric read names exactly one series and fails the test when that series is absent;
 //! without a MariaDB server, MariaDB tests skip visibly, or fail under CI; a child
-//! process does not outlive the test that started it, even one that fails.
+//! process does not outlive the test that started it, even one that fails; a dropped
+//! proxy stops its background work.
 
 mod support;
 
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use bloomgate::db::{Db, PoolSettings};
 use support::{
-    ChildGuard, MYSQL_URL_VAR, TestProxy, family_series, mysql_url, process_alive, series_value,
+    ChildGuard, MYSQL_URL_VAR, TestDb, TestProxy, family_series, mysql_url, process_alive,
+    series_value,
 };
 
 const TEXT: &str = "\
@@ -230,4 +232,57 @@ fn a_child_process_dies_with_the_test_that_fails() {
     assert!(failed.is_err());
     let pid = rx.recv().expect("the child's pid");
     assert!(!process_alive(pid), "sleep {pid} outlived its test");
+}
+
+/// A proxy over `db_url` whose filter syncs every 50 ms.
+fn syncing(db_url: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{db_url}"
+[filters.products]
+source_query = "SELECT sku_id FROM products"
+expected_items = 1000
+sync = {{ query = "SELECT sku_id, updated_at FROM products WHERE updated_at >= ?", interval = "50ms" }}
+[[routes]]
+name = "products"
+path = "/api/products/{{id}}"
+key = {{ segment = "id" }}
+filter = "products"
+origin = {{ kind = "sql", query = "SELECT sku_id FROM products WHERE sku_id = ?" }}
+"#
+    )
+}
+
+const POLLS_OK: &str = "bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}";
+
+/// Waits until `proxy` has completed `n` more sync polls than it had.
+async fn wait_for_polls(proxy: &TestProxy, n: f64) {
+    let from = proxy.metric(POLLS_OK).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proxy.metric(POLLS_OK).await < from + n {
+        assert!(std::time::Instant::now() < deadline, "sync polls stalled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_proxy_stops_its_loader_and_sync_poller() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 100).await;
+    let dropped = TestProxy::spawn_ready(&syncing(&db.url)).await;
+    wait_for_polls(&dropped, 2.0).await;
+    drop(dropped);
+    // Its pool closes once nothing holds it: no poller, no loader, no server task.
+    db.wait_disconnected().await;
+    let selects = db.selects().await;
+    // Another proxy on the same table, as another user, is the clock: while it polls
+    // five times, the dropped one (polling at the same interval) runs nothing.
+    let witness = TestProxy::spawn_ready(&syncing(&db.admin_url())).await;
+    wait_for_polls(&witness, 5.0).await;
+    assert_eq!(
+        db.selects().await,
+        selects,
+        "the dropped proxy still queries"
+    );
 }

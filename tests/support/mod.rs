@@ -94,6 +94,8 @@ pub struct TestDb {
     /// The proxy's URL (as the test's own user).
     pub url: String,
     user: String,
+    /// The server URL, without a database.
+    server: String,
     /// Pool as the privileged test user, for set-up and inspection.
     pub admin: MySqlPool,
     _turn: Turn,
@@ -149,8 +151,39 @@ impl TestDb {
             name,
             url,
             user,
+            server: server.to_owned(),
             admin,
             _turn: turn,
+        }
+    }
+
+    /// The database's URL as the privileged test user (whose statements `selects()` does
+    /// not count).
+    pub fn admin_url(&self) -> String {
+        format!("{}/{}", self.server, self.name)
+    }
+
+    /// Waits until the proxy's user has no connection left (polled, for at most 30 s).
+    pub async fn wait_disconnected(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let row = sqlx::query(
+                "SELECT CAST(COUNT(*) AS UNSIGNED) FROM information_schema.PROCESSLIST \
+                 WHERE USER = ?",
+            )
+            .bind(&self.user)
+            .fetch_one(&self.admin)
+            .await
+            .expect("read the process list");
+            let open = row.get::<u64, _>(0);
+            if open == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the proxy's user still has {open} connections after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
