@@ -2,7 +2,7 @@
 //! metric read names exactly one series and fails the test when that series is absent;
 //! without a MariaDB server, MariaDB tests skip visibly, or fail under CI; a child
 //! process does not outlive the test that started it, even one that fails; a dropped
-//! proxy stops its background work.
+//! proxy stops its background work; a test's database and user go with its handle.
 
 mod support;
 
@@ -285,4 +285,47 @@ async fn a_dropped_proxy_stops_its_loader_and_sync_poller() {
         selects,
         "the dropped proxy still queries"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_database_and_its_user_are_dropped_with_their_handle() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 10).await;
+    let (name, user) = (db.name.clone(), db.user().to_owned());
+    // Neither a proxy still connected as the user nor a transaction left open on the
+    // table (its lock would hold DROP DATABASE up) keeps them.
+    let proxy = TestProxy::spawn_ready(&syncing(&db.url)).await;
+    let mut open = db.admin.begin().await.expect("begin");
+    sqlx::query("INSERT INTO products (sku_id, name, price) VALUES (7, 'x', 1.00)")
+        .execute(&mut *open)
+        .await
+        .expect("insert");
+    drop(db);
+
+    let check = sqlx::mysql::MySqlPool::connect(&server)
+        .await
+        .expect("connect");
+    let count = async |sql: &'static str, value: &str| -> i64 {
+        sqlx::query_scalar(sql)
+            .bind(value)
+            .fetch_one(&check)
+            .await
+            .expect("count")
+    };
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?",
+            &name
+        )
+        .await,
+        0,
+        "database {name} is still there"
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM mysql.user WHERE User = ?", &user).await,
+        0,
+        "user {user} is still there"
+    );
+    drop(open);
+    drop(proxy);
 }

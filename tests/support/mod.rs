@@ -87,7 +87,8 @@ enum Turn {
     Alone(OwnedRwLockWriteGuard<()>),
 }
 
-/// A database and a user of its own, so `selects()` counts only this test's proxy.
+/// A database and a user of its own, so `selects()` counts only this test's proxy. Both
+/// are dropped when this is, whether the test passed or failed.
 pub struct TestDb {
     /// Database name.
     pub name: String,
@@ -155,6 +156,11 @@ impl TestDb {
             admin,
             _turn: turn,
         }
+    }
+
+    /// The proxy's user name.
+    pub fn user(&self) -> &str {
+        &self.user
     }
 
     /// The database's URL as the privileged test user (whose statements `selects()` does
@@ -310,6 +316,76 @@ impl TestDb {
     pub fn url_via(&self, addr: SocketAddr) -> String {
         format!("mysql://{}:pw@{addr}/{}", self.user, self.name)
     }
+}
+
+impl Drop for TestDb {
+    /// Drops the database and the user, synchronously and best effort: on a thread with
+    /// a runtime of its own (the test's runtime cannot be blocked on, and may be shutting
+    /// down), through a connection of its own (the test's pools belong to that runtime).
+    fn drop(&mut self) {
+        let (server, name, user) = (self.server.clone(), self.name.clone(), self.user.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(60),
+                    drop_database(&server, &name, &user),
+                )
+                .await
+                .map_err(|_| "no answer within 60 s".to_owned())?
+                .map_err(|e| e.to_string())
+            })
+        })
+        .join();
+        let failed = match dropped {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => "the dropping thread panicked".to_owned(),
+        };
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "could not drop test database {} and user {}: {failed}",
+            self.name,
+            self.user
+        );
+    }
+}
+
+/// Ends every session on database `name` or of `user` (the proxy's pool, the test's
+/// admin pool, a transaction left open: any of them could hold a lock that DROP DATABASE
+/// waits for), then drops both.
+async fn drop_database(server: &str, name: &str, user: &str) -> Result<(), sqlx::Error> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::mysql::MySqlConnection::connect(server).await?;
+    sqlx::query("SET SESSION lock_wait_timeout = 30")
+        .execute(&mut conn)
+        .await?;
+    let sessions = sqlx::query(
+        "SELECT CAST(ID AS UNSIGNED) FROM information_schema.PROCESSLIST \
+         WHERE (DB = ? OR USER = ?) AND ID <> CONNECTION_ID()",
+    )
+    .bind(name)
+    .bind(user)
+    .fetch_all(&mut conn)
+    .await?;
+    for session in sessions {
+        let id: u64 = session.try_get(0)?;
+        // It may have ended meanwhile.
+        let _ = sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+            .execute(&mut conn)
+            .await;
+    }
+    for stmt in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("DROP USER IF EXISTS '{user}'@'%'"),
+    ] {
+        sqlx::query(AssertSqlSafe(stmt)).execute(&mut conn).await?;
+    }
+    conn.close().await
 }
 
 fn split_url(url: &str) -> (&str, &str) {
