@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use crate::admin::Admin;
 use crate::cache::ResponseCache;
@@ -277,6 +278,8 @@ impl App {
 
     /// Serves both planes and loads the filters in the background until `shutdown`
     /// resolves; then stops accepting and drains in-flight requests within the grace period.
+    /// The tasks it starts belong to it: if this future is dropped before it finishes
+    /// (aborted), the loaders and sync pollers stop and the listeners close with it.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let (stop_tx, stop_rx) = watch::channel(false);
         let options = ServeOptions {
@@ -285,27 +288,29 @@ impl App {
             max_header_bytes: self.config.server.max_header_bytes,
             max_uri_bytes: self.config.server.max_uri_bytes,
         };
-        let mut loaders = Vec::new();
+        // Join sets abort their tasks when dropped, with this future.
+        let mut loaders = JoinSet::new();
         if let Some(db) = &self.db {
             for filter in &self.filters {
-                loaders.push(tokio::spawn(Arc::clone(filter).run_loader(db.clone())));
-                loaders.push(tokio::spawn(crate::gate::sync::run(
+                loaders.spawn(Arc::clone(filter).run_loader(db.clone()));
+                loaders.spawn(crate::gate::sync::run(
                     Arc::clone(filter),
                     Arc::clone(&self.admit),
                     db.clone(),
-                )));
+                ));
             }
         }
         tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),
             routes = self.proxy.routes().len(), filters = self.filters.len(), "bloomgate listening");
-        let data = tokio::spawn(server::serve(
+        let mut servers = JoinSet::new();
+        servers.spawn(server::serve(
             self.data,
             Arc::new(DataPlane(Arc::clone(&self.proxy))),
             options,
             stop_rx.clone(),
             "data",
         ));
-        let admin = tokio::spawn(server::serve(
+        servers.spawn(server::serve(
             self.admin,
             self.admin_handler,
             options,
@@ -316,14 +321,12 @@ impl App {
         tracing::info!("shutting down");
         // A send error means both servers already stopped; nothing to tell.
         let _ = stop_tx.send(true);
-        for task in [data, admin] {
-            if let Err(e) = task.await {
+        while let Some(done) = servers.join_next().await {
+            if let Err(e) = done {
                 tracing::error!(error = %e, "server task failed");
             }
         }
-        for l in loaders {
-            l.abort();
-        }
+        loaders.shutdown().await;
         if let Some(db) = self.db {
             db.close().await;
         }

@@ -62,10 +62,11 @@ origin = {{ kind = "upstream" }}
     )
 }
 
+/// Fields drop in order: the proxy stops before its database is dropped.
 struct Rig {
-    _db: TestDb,
-    stub: StubUpstream,
     proxy: TestProxy,
+    stub: StubUpstream,
+    _db: TestDb,
 }
 
 async fn rig(extra_server: &str, extra: &str) -> Option<Rig> {
@@ -74,9 +75,9 @@ async fn rig(extra_server: &str, extra: &str) -> Option<Rig> {
     let stub = StubUpstream::start((0..SERVED).map(demo_sku)).await;
     let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), extra_server, extra)).await;
     Some(Rig {
-        _db: db,
-        stub,
         proxy,
+        stub,
+        _db: db,
     })
 }
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::StubUpstream;
+use support::{ChildGuard, StubUpstream};
 use tempfile::TempDir;
 
 const BIN: &str = env!("CARGO_BIN_EXE_bloomgate");
@@ -239,28 +239,49 @@ fn an_all_digit_token_from_the_environment_is_text() {
     assert!(out.contains("server.max_body_bytes"), "{out}");
 }
 
+/// Waits for a JSON log line whose `fields` satisfy `wanted`; returns those fields.
+fn wait_for_log(
+    lines: &std::sync::mpsc::Receiver<String>,
+    what: &str,
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("bloomgate did not log {what} within 30 s: {e}"));
+        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
+        if wanted(&v["fields"]) {
+            return v["fields"].clone();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_requests_then_exits_0() {
     let stub = StubUpstream::start([]).await;
+    // A grace far longer than the test may take: exiting proves the drain ended because
+    // the last request finished, not because the grace ran out.
     let config = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[upstream]\nurl = \"{}\"\ntimeout = \"5s\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"60s\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[upstream]\nurl = \"{}\"\ntimeout = \"60s\"\n",
         stub.url()
     );
     let path = write_config("term.toml", &config);
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--config",
-            path.to_str().unwrap_or_default(),
-            "--log-format",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start bloomgate");
+    let mut child = ChildGuard::spawn(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--config",
+                path.to_str().unwrap_or_default(),
+                "--log-format",
+                "json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit()),
+    );
     let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if tx.send(line).is_err() {
@@ -268,46 +289,52 @@ async fn sigterm_finishes_in_flight_requests_then_exits_0() {
             }
         }
     });
-    let data = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("bloomgate logged its address");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
-        if let Some(addr) = v["fields"]["data"].as_str() {
-            break addr.to_owned();
-        }
-    };
+    let listening = wait_for_log(&lines, "its address", |f| f["data"].is_string());
+    let data = listening["data"].as_str().unwrap_or_default().to_owned();
+
+    // A pass-through request that the upstream holds until the test lets it go.
+    let (arrived, release) = stub.hold_next();
     let client = support::HttpClient::new();
-    let url = format!("http://{data}/slow/1500");
+    let url = format!("http://{data}/held");
     let in_flight = tokio::spawn(async move {
         client
             .send(http::Method::GET, &url, &[], bytes::Bytes::new())
             .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(30), arrived)
+        .await
+        .expect("the request reached the upstream within 30 s")
+        .expect("the stub signals the request");
+
     let pid = child.id().to_string();
     let status = Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .expect("kill");
     assert!(status.success());
+    wait_for_log(&lines, "the start of its shutdown", |f| {
+        f["message"] == "shutting down"
+    });
+    // Draining: the request is still held, and so bloomgate still runs.
+    assert!(!in_flight.is_finished());
+    assert!(child.try_wait().expect("wait").is_none());
+
+    let _ = release.send(());
     let reply = in_flight.await.expect("join");
     assert_eq!(reply.status.as_u16(), 200, "in-flight request finished");
     assert_eq!(reply.stage(), "bypass");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let code = loop {
         if let Some(s) = child.try_wait().expect("wait") {
             break s.code();
         }
         assert!(
             Instant::now() < deadline,
-            "bloomgate did not exit after SIGTERM"
+            "bloomgate did not exit within 30 s of its last request finishing"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(code, Some(0));
-    assert!(started.elapsed() < Duration::from_secs(5));
     // New connections are refused once it has stopped.
     assert!(std::net::TcpStream::connect(&data).is_err());
 }

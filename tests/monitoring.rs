@@ -724,7 +724,7 @@ async fn prometheus_evaluates_every_panel_and_rule_and_the_alerts_fire() {
     promtool(&["check", "config", "deploy/prometheus/prometheus.yml"]);
     promtool(&["check", "rules", "deploy/prometheus/rules.yml"]);
 
-    let db = TestDb::create(&server, PRODUCTS).await;
+    let db = TestDb::create_heavy(&server, PRODUCTS).await;
     for stmt in [
         "CREATE TABLE tiny_src (sku_id BIGINT UNSIGNED PRIMARY KEY)".to_owned(),
         format!("INSERT INTO tiny_src SELECT sku_id FROM products ORDER BY sku_id LIMIT {TINY}"),

@@ -153,20 +153,23 @@ async fn concurrent_misses_for_one_key_make_one_lookup() {
 async fn a_false_positive_becomes_a_negative_entry_until_its_ttl() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 2_000).await;
-    // A loose filter (p = 20%) so that false positives are easy to find.
-    let proxy = TestProxy::spawn_ready(&config(&db.url, 2_000, 0.2, "1s")).await;
+    // A loose filter (p = 20%) so that false positives are easy to find. The negative TTL
+    // must outlast the checks made while the entry lives, on a loaded machine too.
+    let ttl = Duration::from_secs(5);
+    let proxy = TestProxy::spawn_ready(&config(&db.url, 2_000, 0.2, "5s")).await;
     let mut fp = None;
     for i in 0..1_000 {
         let key = demo_absent_sku(i);
         let r = proxy.get(&format!("/api/products/{key}")).await;
         assert_eq!(r.status.as_u16(), 404);
         if r.stage() == "miss" {
-            fp = Some(key);
+            // The negative entry was stored before this answer left.
+            fp = Some((key, Instant::now()));
             break;
         }
     }
-    let key = fp.expect("a false positive among 1000 absent keys at p = 20%");
-    let base = db.settled_selects().await;
+    let (key, stored) = fp.expect("a false positive among 1000 absent keys at p = 20%");
+    let base = db.selects().await;
     let r = proxy.get(&format!("/api/products/{key}")).await;
     assert_eq!((r.status.as_u16(), r.stage()), (404, "negative-hit"));
     assert_eq!(db.selects().await, base, "a negative hit makes no lookup");
@@ -178,9 +181,9 @@ async fn a_false_positive_becomes_a_negative_entry_until_its_ttl() {
     );
 
     // After the negative TTL the key is looked up again (once).
-    let deadline = Instant::now() + Duration::from_secs(10);
+    tokio::time::sleep_until((stored + ttl).into()).await;
+    let deadline = stored + ttl + Duration::from_secs(10);
     loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
         let r = proxy.get(&format!("/api/products/{key}")).await;
         assert_eq!(r.status.as_u16(), 404);
         if r.stage() == "miss" {
@@ -189,8 +192,9 @@ async fn a_false_positive_becomes_a_negative_entry_until_its_ttl() {
         assert_eq!(r.stage(), "negative-hit");
         assert!(
             Instant::now() < deadline,
-            "negative entry outlived its 1s TTL"
+            "negative entry outlived its {ttl:?} TTL by 10 s"
         );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(db.selects().await - base, 1);
 }
@@ -199,7 +203,7 @@ async fn a_false_positive_becomes_a_negative_entry_until_its_ttl() {
 async fn no_false_negative_over_100k_present_keys_and_few_lookups_for_absent_ones() {
     let Some(server) = mysql_url() else { return };
     const N: u64 = 100_000;
-    let db = TestDb::create(&server, N).await;
+    let db = TestDb::create_heavy(&server, N).await;
     let p = 0.01;
     let proxy = TestProxy::spawn_ready(&config(&db.url, N, p, "5m")).await;
     let client = proxy.client().clone();
@@ -303,12 +307,15 @@ async fn no_false_negative_over_100k_present_keys_and_few_lookups_for_absent_one
 async fn slow_lookups_time_out_and_an_exhausted_pool_answers_503() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 100).await;
+    // Lookups lock the row they read: one whose row the test has locked waits in the
+    // database for as long as the test holds the lock.
+    let locking = "SELECT sku_id, name FROM products WHERE sku_id = ? FOR UPDATE";
     let toml = format!(
         r#"
 [database]
 url = "{url}"
 max_connections = 1
-acquire_timeout = "100ms"
+acquire_timeout = "2s"
 [filters.products]
 source_query = "SELECT sku_id FROM products"
 expected_items = 100
@@ -317,36 +324,54 @@ name = "slow"
 path = "/slow/{{id}}"
 key = {{ segment = "id" }}
 filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id, SLEEP(1.5) AS slept FROM products WHERE sku_id = ?", timeout = "3s" }}
+origin = {{ kind = "sql", query = "{locking}", timeout = "60s" }}
 [[routes]]
 name = "impatient"
 path = "/impatient/{{id}}"
 key = {{ segment = "id" }}
 filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id, SLEEP(1.5) AS slept FROM products WHERE sku_id = ?", timeout = "300ms" }}
+origin = {{ kind = "sql", query = "{locking}", timeout = "300ms" }}
 "#,
         url = db.url
     );
     let proxy = TestProxy::spawn_ready(&toml).await;
-    let r = proxy.get(&format!("/impatient/{}", demo_sku(1))).await;
-    assert_eq!(r.status.as_u16(), 504, "{}", r.text());
-    assert_eq!(r.json()["error"], "origin_timeout");
+    let (held, free, late) = (demo_sku(1), demo_sku(2), demo_sku(3));
+    let lock = async |sku: u64| {
+        let mut tx = db.admin.begin().await.expect("begin");
+        sqlx::query("SELECT sku_id FROM products WHERE sku_id = ? FOR UPDATE")
+            .bind(sku)
+            .fetch_all(&mut *tx)
+            .await
+            .expect("lock the row");
+        tx
+    };
 
-    // Wait until the abandoned query has given its connection back.
-    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    // A lookup waiting on its row holds the pool's only connection...
+    let row_lock = lock(held).await;
     let slow_client = proxy.client().clone();
-    let url = format!("http://{}/slow/{}", proxy.data, demo_sku(2));
+    let url = format!("http://{}/slow/{held}", proxy.data);
     let holder = tokio::spawn(async move {
         slow_client
             .send(http::Method::GET, &url, &[], bytes::Bytes::new())
             .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let r = proxy.get(&format!("/slow/{}", demo_sku(3))).await;
+    db.wait_running("FOR UPDATE", 1).await;
+    // ...so a lookup of a row nobody locked finds no connection within acquire_timeout.
+    let r = proxy.get(&format!("/slow/{free}")).await;
     assert_eq!(r.status.as_u16(), 503, "{}", r.text());
     assert_eq!(r.json()["error"], "origin_unavailable");
-    let held = holder.await.expect("join");
-    assert_eq!(held.status.as_u16(), 200);
+    row_lock.rollback().await.expect("unlock");
+    let held_reply = holder.await.expect("join");
+    assert_eq!(held_reply.status.as_u16(), 200, "{}", held_reply.text());
+
+    // A lookup that outlives its route's timeout is answered 504. The connection is back
+    // in the pool once the database has finished with it.
+    db.wait_idle().await;
+    let row_lock = lock(late).await;
+    let r = proxy.get(&format!("/impatient/{late}")).await;
+    assert_eq!(r.status.as_u16(), 504, "{}", r.text());
+    assert_eq!(r.json()["error"], "origin_timeout");
+    row_lock.rollback().await.expect("unlock");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,8 @@
 //! They need `BLOOMGATE_TEST_MYSQL_URL` (a server URL without a database; `scripts/test`
 //! starts a throwaway MariaDB and sets it). Each test creates its own database
 //! `bg_<random>` and drops it at the end. Without the URL they print a notice and pass,
-//! except under CI (`CI` set), where a missing URL fails them.
+//! except under CI (`CI` set and not empty), where a missing URL fails them: the rule of
+//! the integration tests (`tests/support`).
 
 use std::io::Write as _;
 use std::net::TcpListener;

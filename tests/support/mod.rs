@@ -1,15 +1,20 @@
 //! Test harness: a real bloomgate on 127.0.0.1 port 0 (`TestProxy`), a throwaway MariaDB
 //! database and user per test (`TestDb`, counting the SELECTs the proxy runs), a real
-//! upstream API that counts its hits (`StubUpstream`), a TCP relay that can play a
-//! database that is down (`Relay`), a small HTTP client, and raw TCP exchanges
-//! (`send_raw`).
+//! upstream API that counts its hits and can hold a request until the test lets it go
+//! (`StubUpstream`), a TCP relay that can play a database that is down (`Relay`), a small
+//! HTTP client, and raw TCP exchanges (`send_raw`).
+//!
+//! Waiting is on events: a request the stub holds, a poll counted in `/metrics`, a
+//! statement in MariaDB's process list. A heavy MariaDB test takes its database with
+//! `TestDb::create_heavy` and runs alone among its binary's MariaDB tests, so that none of
+//! them has its clock or its polls slowed by it.
 
 #![allow(dead_code)]
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use bloomgate::App;
@@ -28,19 +33,39 @@ use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Row};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, oneshot, watch};
 
-/// The MariaDB server URL exported by `scripts/test`, without a database.
-/// Locally, without it, MariaDB tests are skipped with a notice; in CI they fail.
+/// The variable that names the MariaDB server the tests use.
+pub const MYSQL_URL_VAR: &str = "BLOOMGATE_TEST_MYSQL_URL";
+
+/// The MariaDB server URL exported by `scripts/test` (through `scripts/mariadb`), without
+/// a database.
+///
+/// The skip rule, the same for every MariaDB test (and for `src/db/mysql_tests.rs`):
+/// without a non-empty `BLOOMGATE_TEST_MYSQL_URL`, a MariaDB test fails if `CI` is set
+/// to anything but the empty string (`.ci/run` exports `CI=1`: there a skipped test would
+/// be a lie); otherwise it passes without running, and the binary says so once on
+/// stderr, written past libtest's output capture so that it shows without
+/// `--nocapture`.
 pub fn mysql_url() -> Option<String> {
-    match std::env::var("BLOOMGATE_TEST_MYSQL_URL") {
+    static NOTICE: std::sync::Once = std::sync::Once::new();
+    match std::env::var(MYSQL_URL_VAR) {
         Ok(url) if !url.is_empty() => Some(url.trim_end_matches('/').to_owned()),
         _ => {
+            let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty());
             assert!(
-                std::env::var_os("CI").is_none(),
-                "BLOOMGATE_TEST_MYSQL_URL is not set: run the tests through scripts/test"
+                !ci,
+                "{MYSQL_URL_VAR} is not set but CI is: run the tests through scripts/test"
             );
-            eprintln!("skipped: BLOOMGATE_TEST_MYSQL_URL is not set (run scripts/test)");
+            NOTICE.call_once(|| {
+                use std::io::Write as _;
+                // Straight to the process's stderr: libtest captures eprintln!.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "skipping the MariaDB tests of this binary: {MYSQL_URL_VAR} is not set \
+                     (scripts/test sets it; with CI set they fail instead)"
+                );
+            });
             None
         }
     }
@@ -50,21 +75,50 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{:016x}", rand::random::<u64>())
 }
 
-/// A database and a user of its own, so `selects()` counts only this test's proxy.
+/// Whose turn it is among this binary's MariaDB tests, which libtest runs in parallel:
+/// a heavy test (tens of thousands of requests, large builds, writers under churn) holds
+/// it alone, so that it never runs beside a test that counts polls, waits on a TTL or
+/// bounds a latency on this 2-core machine; the others share it.
+static TURNS: LazyLock<Arc<RwLock<()>>> = LazyLock::new(|| Arc::new(RwLock::new(())));
+
+/// A test's hold on [`TURNS`], released when its [`TestDb`] is dropped.
+enum Turn {
+    Shared(OwnedRwLockReadGuard<()>),
+    Alone(OwnedRwLockWriteGuard<()>),
+}
+
+/// A database and a user of its own, so `selects()` counts only this test's proxy. Both
+/// are dropped when this is, whether the test passed or failed.
 pub struct TestDb {
     /// Database name.
     pub name: String,
     /// The proxy's URL (as the test's own user).
     pub url: String,
     user: String,
+    /// The server URL, without a database.
+    server: String,
     /// Pool as the privileged test user, for set-up and inspection.
     pub admin: MySqlPool,
+    _turn: Turn,
 }
 
 impl TestDb {
     /// Creates the database, its user, the schema, and `products` demo rows
-    /// (keys `demo_sku(0..products)`).
+    /// (keys `demo_sku(0..products)`). The test shares the machine with the other
+    /// MariaDB tests of its binary, but never with a heavy one.
     pub async fn create(server: &str, products: u64) -> TestDb {
+        let turn = Turn::Shared(Arc::clone(&TURNS).read_owned().await);
+        Self::create_in_turn(server, products, turn).await
+    }
+
+    /// As [`TestDb::create`], for a heavy test: it waits until no other MariaDB test of
+    /// its binary runs, and none starts until it is dropped.
+    pub async fn create_heavy(server: &str, products: u64) -> TestDb {
+        let turn = Turn::Alone(Arc::clone(&TURNS).write_owned().await);
+        Self::create_in_turn(server, products, turn).await
+    }
+
+    async fn create_in_turn(server: &str, products: u64, turn: Turn) -> TestDb {
         let admin = MySqlPool::connect(server)
             .await
             .expect("connect to MariaDB");
@@ -98,37 +152,118 @@ impl TestDb {
             name,
             url,
             user,
+            server: server.to_owned(),
             admin,
+            _turn: turn,
         }
     }
 
-    /// SELECT statements run so far by the proxy's user (MariaDB's USER_STATISTICS).
+    /// The proxy's user name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The database's URL as the privileged test user (whose statements `selects()` does
+    /// not count).
+    pub fn admin_url(&self) -> String {
+        format!("{}/{}", self.server, self.name)
+    }
+
+    /// Waits until the proxy's user has no connection left (polled, for at most 30 s).
+    pub async fn wait_disconnected(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let row = sqlx::query(
+                "SELECT CAST(COUNT(*) AS UNSIGNED) FROM information_schema.PROCESSLIST \
+                 WHERE USER = ?",
+            )
+            .bind(&self.user)
+            .fetch_one(&self.admin)
+            .await
+            .expect("read the process list");
+            let open = row.get::<u64, _>(0);
+            if open == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the proxy's user still has {open} connections after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SELECT statements run so far by the proxy's user (MariaDB's USER_STATISTICS),
+    /// once every statement it has sent has finished.
     pub async fn selects(&self) -> u64 {
         self.user_statistic("SELECT_COMMANDS").await
     }
 
-    /// SELECTs so far, once the count has stopped moving: MariaDB updates a user's
-    /// statistics when a statement ends, which can be just after its rows reached the
-    /// client, so a count read right after a lookup may not include it yet.
-    pub async fn settled_selects(&self) -> u64 {
-        let mut last = self.selects().await;
-        for _ in 0..50 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            let now = self.selects().await;
-            if now == last {
-                return now;
-            }
-            last = now;
-        }
-        last
-    }
-
-    /// Rows read so far by the proxy's user.
+    /// Rows read so far by the proxy's user, once every statement it has sent has
+    /// finished.
     pub async fn rows_read(&self) -> u64 {
         self.user_statistic("ROWS_READ").await
     }
 
+    /// Connections of the proxy's user that are running a statement. MariaDB sends a
+    /// statement's result first, then adds it to the user's statistics, then marks the
+    /// connection idle (`Sleep`): a count read right after the client has its rows may
+    /// miss the statement, one read once this is 0 cannot.
+    async fn busy_connections(&self) -> u64 {
+        let row = sqlx::query(
+            "SELECT CAST(COUNT(*) AS UNSIGNED) FROM information_schema.PROCESSLIST \
+             WHERE USER = ? AND COMMAND <> 'Sleep'",
+        )
+        .bind(&self.user)
+        .fetch_one(&self.admin)
+        .await
+        .expect("read the process list");
+        row.get::<u64, _>(0)
+    }
+
+    /// Waits until no connection of the proxy's user runs a statement (MariaDB is
+    /// another process: it is polled, for at most 30 s).
+    pub async fn wait_idle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.busy_connections().await > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the proxy's user still runs a statement after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until `n` connections of the proxy's user are running a statement that
+    /// contains `fragment` (polled, for at most 30 s). With the rows it reads locked by
+    /// the test, such a statement is waiting for the lock: InnoDB does not list every
+    /// autocommit locking read among its transactions, but the process list shows it.
+    pub async fn wait_running(&self, fragment: &str, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let row = sqlx::query(
+                "SELECT CAST(COUNT(*) AS UNSIGNED) FROM information_schema.PROCESSLIST \
+                 WHERE USER = ? AND COMMAND <> 'Sleep' AND INSTR(INFO, ?) > 0",
+            )
+            .bind(&self.user)
+            .bind(fragment)
+            .fetch_one(&self.admin)
+            .await
+            .expect("read the process list");
+            let running = row.get::<u64, _>(0);
+            if running >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{running} of the proxy's connections run `{fragment}` after 30 s, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn user_statistic(&self, column: &'static str) -> u64 {
+        self.wait_idle().await;
         let sql = format!(
             "SELECT CAST(COALESCE(SUM({column}), 0) AS UNSIGNED) FROM information_schema.USER_STATISTICS WHERE USER = ?"
         );
@@ -183,6 +318,76 @@ impl TestDb {
     }
 }
 
+impl Drop for TestDb {
+    /// Drops the database and the user, synchronously and best effort: on a thread with
+    /// a runtime of its own (the test's runtime cannot be blocked on, and may be shutting
+    /// down), through a connection of its own (the test's pools belong to that runtime).
+    fn drop(&mut self) {
+        let (server, name, user) = (self.server.clone(), self.name.clone(), self.user.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(60),
+                    drop_database(&server, &name, &user),
+                )
+                .await
+                .map_err(|_| "no answer within 60 s".to_owned())?
+                .map_err(|e| e.to_string())
+            })
+        })
+        .join();
+        let failed = match dropped {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => "the dropping thread panicked".to_owned(),
+        };
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "could not drop test database {} and user {}: {failed}",
+            self.name,
+            self.user
+        );
+    }
+}
+
+/// Ends every session on database `name` or of `user` (the proxy's pool, the test's
+/// admin pool, a transaction left open: any of them could hold a lock that DROP DATABASE
+/// waits for), then drops both.
+async fn drop_database(server: &str, name: &str, user: &str) -> Result<(), sqlx::Error> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::mysql::MySqlConnection::connect(server).await?;
+    sqlx::query("SET SESSION lock_wait_timeout = 30")
+        .execute(&mut conn)
+        .await?;
+    let sessions = sqlx::query(
+        "SELECT CAST(ID AS UNSIGNED) FROM information_schema.PROCESSLIST \
+         WHERE (DB = ? OR USER = ?) AND ID <> CONNECTION_ID()",
+    )
+    .bind(name)
+    .bind(user)
+    .fetch_all(&mut conn)
+    .await?;
+    for session in sessions {
+        let id: u64 = session.try_get(0)?;
+        // It may have ended meanwhile.
+        let _ = sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+            .execute(&mut conn)
+            .await;
+    }
+    for stmt in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("DROP USER IF EXISTS '{user}'@'%'"),
+    ] {
+        sqlx::query(AssertSqlSafe(stmt)).execute(&mut conn).await?;
+    }
+    conn.close().await
+}
+
 fn split_url(url: &str) -> (&str, &str) {
     let rest = url.strip_prefix("mysql://").unwrap_or(url);
     match rest.split_once('/') {
@@ -197,6 +402,55 @@ fn pool_settings() -> PoolSettings {
         min_connections: 0,
         acquire_timeout: Duration::from_secs(10),
         idle_timeout: None,
+    }
+}
+
+/// A child process that is killed and reaped when this is dropped, so that a test that
+/// fails (panics) leaves nothing running.
+pub struct ChildGuard(std::process::Child);
+
+impl ChildGuard {
+    /// Starts `command`.
+    pub fn spawn(command: &mut std::process::Command) -> ChildGuard {
+        ChildGuard(
+            command
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {command:?}: {e}")),
+        )
+    }
+}
+
+impl std::ops::Deref for ChildGuard {
+    type Target = std::process::Child;
+
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has exited). Linux only.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
     }
 }
 
@@ -305,12 +559,24 @@ impl TestProxy {
             .await
     }
 
-    /// The value of one sample in `/metrics`, e.g. `bloomgate_requests_total{outcome="intercepted",route="r"}`.
+    /// The value of one series in `/metrics`, spelled as exported (labels in name order),
+    /// e.g. `bloomgate_requests_total{outcome="intercepted",route="r"}`. Fails the test if
+    /// the series is absent, naming the series of its family that are there: a renamed
+    /// metric or a misspelled label must not read as 0.
     pub async fn metric(&self, series: &str) -> f64 {
         let text = self.admin_get("/metrics").await.text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
+        series_value(&text, series).unwrap_or_else(|| {
+            panic!(
+                "no series {series} in /metrics; series of its family there: {:?}",
+                family_series(&text, series)
+            )
+        })
+    }
+
+    /// The value of one series in `/metrics`, or `None` if it is absent. Only for checks
+    /// whose claim is the absence itself; everywhere else use [`TestProxy::metric`].
+    pub async fn metric_or_absent(&self, series: &str) -> Option<f64> {
+        series_value(&self.admin_get("/metrics").await.text(), series)
     }
 
     /// GET on the data plane with request headers.
@@ -329,6 +595,34 @@ impl TestProxy {
     pub fn client(&self) -> &HttpClient {
         &self.client
     }
+}
+
+/// The value of `series` (name and labels exactly as exported) in Prometheus text, or
+/// `None` if no sample has that name and those labels. A present sample whose value does
+/// not parse fails the test.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|rest| {
+            let value = rest.split(' ').next().unwrap_or_default();
+            value
+                .parse()
+                .unwrap_or_else(|e| panic!("{series} has the value {value:?}: {e}"))
+        })
+}
+
+/// Every sample in `text` of the family `series` belongs to (its name without labels).
+pub fn family_series(text: &str, series: &str) -> Vec<String> {
+    let family = series.split('{').next().unwrap_or(series);
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 impl Drop for TestProxy {
@@ -429,6 +723,8 @@ pub struct Seen {
 ///   Found answers carry the headers in `answer_headers`, and echo `lang` and the
 ///   `accept-language` header.
 /// - `GET /slow/{ms}`: answers after `ms` milliseconds.
+/// - `GET|POST /held…`: answers 200 once the test lets it (see [`StubUpstream::hold_next`]),
+///   at once if nothing is held.
 /// - `POST|PUT /echo…`: streams the request body back in chunks; records what it saw.
 pub struct StubUpstream {
     pub addr: SocketAddr,
@@ -449,6 +745,8 @@ pub struct StubState {
     pub fail_with_500: AtomicBool,
     /// See [`StubUpstream::hold_next_not_found`].
     pub hold: Mutex<Option<(oneshot::Sender<u64>, oneshot::Receiver<()>)>>,
+    /// See [`StubUpstream::hold_next`].
+    pub held: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
 }
 
 impl StubUpstream {
@@ -519,6 +817,15 @@ impl StubUpstream {
         let (release, on_release) = oneshot::channel();
         *self.state.hold.lock().expect("lock") = Some((decided, on_release));
         (on_decided, release)
+    }
+
+    /// Holds the next request to `/held…`: the first receiver fires once the stub has the
+    /// request, and the answer leaves when the returned sender is used (or dropped).
+    pub fn hold_next(&self) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        let (arrived, on_arrival) = oneshot::channel();
+        let (release, on_release) = oneshot::channel();
+        *self.state.held.lock().expect("lock") = Some((arrived, on_release));
+        (on_arrival, release)
     }
 
     /// `http://addr`
@@ -600,6 +907,14 @@ impl Handler for StubHandler {
                 r.headers_mut().insert("location", v);
             }
             return r;
+        }
+        if path.starts_with("/held") {
+            let held = self.0.held.lock().expect("lock").take();
+            if let Some((arrived, release)) = held {
+                let _ = arrived.send(());
+                let _ = release.await;
+            }
+            return full(StatusCode::OK, "{\"held\":true}".into());
         }
         if let Some(ms) = path
             .strip_prefix("/slow/")
