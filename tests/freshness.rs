@@ -349,11 +349,18 @@ async fn outgrowing_capacity_rebuilds_larger_and_keeps_the_target_rate() {
                 >= 2.0
     })
     .await;
+    // The rebuild can start while the last batches are still being inserted: rows its
+    // scan did not see are admitted by sync, within two polls after it.
+    let polls = proxy.metric(POLLS_OK).await;
+    wait_for(
+        "two sync polls after the rebuild",
+        Duration::from_secs(30),
+        async || proxy.metric(POLLS_OK).await >= polls + 2.0,
+    )
+    .await;
     for k in more.iter().step_by(7) {
-        assert_eq!(
-            proxy.get(&format!("/enforced/{k}")).await.status.as_u16(),
-            200
-        );
+        let r = proxy.get(&format!("/enforced/{k}")).await;
+        assert_eq!(r.status.as_u16(), 200, "key {k}: {}", r.stage());
     }
     const ABSENT: u64 = 20_000;
     let client = proxy.client().clone();
