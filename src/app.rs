@@ -22,7 +22,7 @@ use crate::gate::Filter;
 use crate::gate::admit::Admit;
 use crate::metrics::Metrics;
 use crate::origin::client::Upstream;
-use crate::origin::{Origin, UpstreamOrigin};
+use crate::origin::{Origin, SqlOrigin, UpstreamOrigin};
 use crate::pipeline::budget::Budget;
 use crate::pipeline::write_through::WriteThrough;
 use crate::pipeline::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
@@ -144,12 +144,12 @@ impl App {
         for r in compiled_routes {
             let filter = Arc::clone(&filters[r.filter]);
             let origin = match (r.origin, &db, &upstream) {
-                (CompiledOrigin::Sql { query, timeout }, Some(db), _) => Origin::Sql {
+                (CompiledOrigin::Sql { query, timeout }, Some(db), _) => Origin::Sql(SqlOrigin {
                     db: db.clone(),
                     query,
                     timeout,
                     ttl: r.ttl,
-                },
+                }),
                 (
                     CompiledOrigin::Upstream {
                         not_found,

@@ -5,22 +5,22 @@
 
 pub mod client;
 pub mod http_cache;
+mod sql;
+mod upstream;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{
-    CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, EXPIRES, HOST, HeaderName,
-    VARY, VIA,
-};
-use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Either, Empty, Limited};
+use http::header::HeaderName;
+use http::{HeaderValue, StatusCode};
 
-use crate::db::{Db, DbError, KeyParam};
-use crate::key::{KeyBytes, OwnedKey};
-use crate::origin::client::{Upstream, UpstreamError};
-use crate::pipeline::route::PathPattern;
+pub use sql::SqlOrigin;
+pub use upstream::UpstreamOrigin;
+
+use crate::db::DbError;
+use crate::key::OwnedKey;
+use crate::origin::client::UpstreamError;
 
 /// An error of the body stream, as `http-body-util` reports it.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -104,38 +104,13 @@ pub enum OriginError {
     Encode(#[from] serde_json::Error),
 }
 
-/// A route's origin.
+/// A route's origin: one kind per file of this module.
 pub enum Origin {
     /// `SELECT … WHERE key = ?` through the sqlx pool.
-    Sql {
-        /// The pool.
-        db: Db,
-        /// The lookup query, with one `?` for the key.
-        query: Arc<str>,
-        /// Limit on the whole lookup, pool wait included.
-        timeout: Duration,
-        /// Positive TTL for what it finds.
-        ttl: Duration,
-    },
+    Sql(SqlOrigin),
     /// A GET to the upstream API: the canonical request for the key, built from the
     /// route's pattern, never from the client's own path and query.
     Upstream(UpstreamOrigin),
-}
-
-/// An upstream origin of one route.
-pub struct UpstreamOrigin {
-    /// The shared client.
-    pub upstream: Arc<Upstream>,
-    /// The route's pattern, which builds the canonical target for a key.
-    pub pattern: PathPattern,
-    /// Statuses meaning "no such key".
-    pub not_found: Vec<StatusCode>,
-    /// Positive TTL for what it finds (HTTP caching rules may shorten it).
-    pub ttl: Duration,
-    /// Request headers the route forwards (their values come in the [`Variant`]).
-    pub forward_headers: Vec<HeaderName>,
-    /// Headers set on every request, e.g. an API key.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Origin {
@@ -146,39 +121,7 @@ impl Origin {
         variant: Option<&Variant>,
     ) -> Result<Fetched, OriginError> {
         match self {
-            Origin::Sql {
-                db,
-                query,
-                timeout,
-                ttl,
-            } => {
-                let param = match key {
-                    OwnedKey::Int(n) => KeyParam::Int(*n),
-                    OwnedKey::Text(s) => KeyParam::Text(s),
-                };
-                let row = tokio::time::timeout(*timeout, db.lookup(query, param))
-                    .await
-                    .map_err(|_| OriginError::Timeout(*timeout))?
-                    .map_err(|e| {
-                        if e.is_unavailable() {
-                            OriginError::DbUnavailable(e)
-                        } else {
-                            OriginError::Db(e)
-                        }
-                    })?;
-                match row {
-                    None => Ok(Fetched::NotFound),
-                    Some(map) => Ok(Fetched::Found(CachedResponse {
-                        status: StatusCode::OK,
-                        content_type: Some(HeaderValue::from_static("application/json")),
-                        body: Bytes::from(serde_json::to_vec(&map)?),
-                        ttl: Some(*ttl),
-                        validators: Validators::default(),
-                        headers: None,
-                        with_credentials: false,
-                    })),
-                }
-            }
+            Origin::Sql(origin) => origin.fetch(key).await,
             Origin::Upstream(origin) => origin.fetch(key, variant).await,
         }
     }
@@ -186,93 +129,8 @@ impl Origin {
     /// The headers this origin forwards from client requests (empty for SQL).
     pub fn forward_headers(&self) -> &[HeaderName] {
         match self {
-            Origin::Sql { .. } => &[],
+            Origin::Sql(_) => &[],
             Origin::Upstream(u) => &u.forward_headers,
         }
     }
-}
-
-impl UpstreamOrigin {
-    /// The canonical GET for `key`: the route's target, the forwarded parameters and
-    /// headers of `variant`, the configured headers, and nothing else the client sent.
-    async fn fetch(
-        &self,
-        key: &OwnedKey,
-        variant: Option<&Variant>,
-    ) -> Result<Fetched, OriginError> {
-        let mut bytes = KeyBytes::new();
-        let norm = key.as_norm();
-        let target = self
-            .pattern
-            .upstream_target(bytes.of(&norm), variant.and_then(|v| v.query.as_deref()));
-        let authority = HeaderValue::from_str(self.upstream.authority().as_str())
-            .map_err(OriginError::UpstreamHost)?;
-        let mut req = Request::builder()
-            .method(Method::GET)
-            .uri(self.upstream.uri_for_target(&target)?)
-            .header(HOST, authority)
-            .header(VIA, HeaderValue::from_static("1.1 bloomgate"))
-            .body(Either::Left(Empty::new()))
-            .map_err(UpstreamError::from)?;
-        let headers = req.headers_mut();
-        for (name, value) in variant.iter().flat_map(|v| &v.headers) {
-            headers.append(name.clone(), value.clone());
-        }
-        for (name, value) in &self.headers {
-            headers.insert(name.clone(), value.clone());
-        }
-        let resp = self.upstream.send(req).await?;
-        let status = resp.status();
-        if self.not_found.contains(&status) {
-            return Ok(Fetched::NotFound);
-        }
-        if !status.is_success() {
-            return Err(OriginError::UpstreamStatus(status));
-        }
-        let storage = http_cache::storage(resp.headers(), self.ttl, &self.forward_headers);
-        let (etag, last_modified) = http_cache::validators(resp.headers());
-        let content_type = resp.headers().get(CONTENT_TYPE).cloned();
-        let replayed = replayed_headers(resp.headers(), storage.ttl.is_some());
-        let body = tokio::time::timeout(
-            self.upstream.timeout(),
-            Limited::new(resp.into_body(), MAX_CACHED_BODY).collect(),
-        )
-        .await
-        .map_err(|_| OriginError::Timeout(self.upstream.timeout()))?
-        .map_err(OriginError::UpstreamBody)?
-        .to_bytes();
-        Ok(Fetched::Found(CachedResponse {
-            status,
-            content_type,
-            body,
-            ttl: storage.ttl,
-            validators: Validators {
-                etag,
-                last_modified,
-            },
-            headers: replayed,
-            with_credentials: storage.with_credentials,
-        }))
-    }
-}
-
-/// End-to-end headers of an upstream answer that are replayed with it. The freshness
-/// headers of a stored answer are not: they described the answer when it was fetched,
-/// and a client would take them as fresh from the moment of replay.
-fn replayed_headers(headers: &HeaderMap, stored: bool) -> Option<Arc<[(HeaderName, HeaderValue)]>> {
-    let mut names = vec![CONTENT_ENCODING, CONTENT_LANGUAGE, VARY];
-    if !stored {
-        names.extend([CACHE_CONTROL, EXPIRES]);
-    }
-    let kept: Vec<(HeaderName, HeaderValue)> = names
-        .into_iter()
-        .flat_map(|name| {
-            headers
-                .get_all(&name)
-                .iter()
-                .map(move |v| (name.clone(), v.clone()))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    (!kept.is_empty()).then(|| Arc::from(kept))
 }

@@ -187,8 +187,8 @@ mod tests {
     use crate::config::{CompiledUpstream, UpstreamConfig};
     use crate::db::{Db, DbError, PoolSettings};
     use crate::key::OwnedKey;
-    use crate::origin::Origin;
     use crate::origin::client::Upstream;
+    use crate::origin::{Origin, SqlOrigin};
 
     /// The causes below `e`, nearest first.
     fn causes<'e>(e: &'e (dyn StdError + 'static)) -> Vec<&'e (dyn StdError + 'static)> {
@@ -198,12 +198,12 @@ mod tests {
     #[tokio::test]
     async fn a_failing_lookup_query_keeps_the_database_error_as_its_cause() {
         let db = Db::connect_lazy("sqlite::memory:", &PoolSettings::default()).expect("url");
-        let origin = Origin::Sql {
+        let origin = Origin::Sql(SqlOrigin {
             db,
             query: Arc::from("SELECT * FROM no_such_table WHERE id = ?"),
             timeout: Duration::from_secs(10),
             ttl: Duration::from_secs(60),
-        };
+        });
         let Err(failed) = origin.fetch(&OwnedKey::Int(1), None).await else {
             panic!("a query on a missing table must fail");
         };

@@ -1,0 +1,56 @@
+//! The SQL origin: a parameterised `SELECT … WHERE key = ?` through the sqlx pool; the
+//! row found becomes a JSON object.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode};
+
+use super::{CachedResponse, Fetched, OriginError, Validators};
+use crate::db::{Db, KeyParam};
+use crate::key::OwnedKey;
+
+/// A SQL origin of one route.
+pub struct SqlOrigin {
+    /// The pool.
+    pub db: Db,
+    /// The lookup query, with one `?` for the key.
+    pub query: Arc<str>,
+    /// Limit on the whole lookup, pool wait included.
+    pub timeout: Duration,
+    /// Positive TTL for what it finds.
+    pub ttl: Duration,
+}
+
+impl SqlOrigin {
+    /// Looks `key` up within the timeout.
+    pub(super) async fn fetch(&self, key: &OwnedKey) -> Result<Fetched, OriginError> {
+        let param = match key {
+            OwnedKey::Int(n) => KeyParam::Int(*n),
+            OwnedKey::Text(s) => KeyParam::Text(s),
+        };
+        let row = tokio::time::timeout(self.timeout, self.db.lookup(&self.query, param))
+            .await
+            .map_err(|_| OriginError::Timeout(self.timeout))?
+            .map_err(|e| {
+                if e.is_unavailable() {
+                    OriginError::DbUnavailable(e)
+                } else {
+                    OriginError::Db(e)
+                }
+            })?;
+        match row {
+            None => Ok(Fetched::NotFound),
+            Some(map) => Ok(Fetched::Found(CachedResponse {
+                status: StatusCode::OK,
+                content_type: Some(HeaderValue::from_static("application/json")),
+                body: Bytes::from(serde_json::to_vec(&map)?),
+                ttl: Some(self.ttl),
+                validators: Validators::default(),
+                headers: None,
+                with_credentials: false,
+            })),
+        }
+    }
+}
