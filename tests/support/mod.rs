@@ -30,6 +30,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 
+pub mod binary;
+pub mod config;
+pub mod observe;
+
+#[allow(unused_imports)]
+pub use config::{TestConfig, TestRoute};
+#[allow(unused_imports)]
+pub use observe::{Scrape, eventually};
+
 /// The MariaDB server URL exported by `scripts/test`, without a database.
 /// Locally, without it, MariaDB tests are skipped with a notice; in CI they fail.
 pub fn mysql_url() -> Option<String> {
