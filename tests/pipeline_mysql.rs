@@ -6,39 +6,23 @@ mod support;
 use std::time::{Duration, Instant};
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
-use support::{TestDb, TestProxy, concurrently, mysql_url};
-
-const LOOKUP: &str = "SELECT sku_id, name, price, updated_at FROM products WHERE sku_id = ?";
+use support::{TestConfig, TestDb, TestProxy, TestRoute, concurrently, mysql_url};
 
 fn config(db_url: &str, expected: u64, fpp: f64, negative_ttl: &str) -> String {
-    format!(
-        r#"
-[admin]
-token = "test-admin-token"
-[database]
-url = "{db_url}"
-max_connections = 16
-acquire_timeout = "10s"
-[cache]
-negative_ttl = "{negative_ttl}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = {expected}
-false_positive_rate = {fpp}
-[[routes]]
-name = "by_path"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
-[[routes]]
-name = "by_query"
-path = "/api/product/info"
-key = {{ query = "sku_id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
-"#
-    )
+    TestConfig::new(db_url)
+        .admin_token("test-admin-token")
+        .database("max_connections = 16")
+        .database("acquire_timeout = \"10s\"")
+        .cache(format!("negative_ttl = \"{negative_ttl}\""))
+        .expected_items(expected)
+        .false_positive_rate(fpp)
+        .route(TestRoute::sql("by_path", "/api/products/{id}").origin_timeout("10s"))
+        .route(
+            TestRoute::sql("by_query", "/api/product/info")
+                .query_key("sku_id")
+                .origin_timeout("10s"),
+        )
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,30 +287,22 @@ async fn no_false_negative_over_100k_present_keys_and_few_lookups_for_absent_one
 async fn slow_lookups_time_out_and_an_exhausted_pool_answers_503() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 100).await;
-    let toml = format!(
-        r#"
-[database]
-url = "{url}"
-max_connections = 1
-acquire_timeout = "100ms"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 100
-[[routes]]
-name = "slow"
-path = "/slow/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id, SLEEP(1.5) AS slept FROM products WHERE sku_id = ?", timeout = "3s" }}
-[[routes]]
-name = "impatient"
-path = "/impatient/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id, SLEEP(1.5) AS slept FROM products WHERE sku_id = ?", timeout = "300ms" }}
-"#,
-        url = db.url
-    );
+    let sleepy = "SELECT sku_id, SLEEP(1.5) AS slept FROM products WHERE sku_id = ?";
+    let toml = TestConfig::new(&db.url)
+        .database("max_connections = 1")
+        .database("acquire_timeout = \"100ms\"")
+        .expected_items(100)
+        .route(
+            TestRoute::sql("slow", "/slow/{id}")
+                .lookup(sleepy)
+                .origin_timeout("3s"),
+        )
+        .route(
+            TestRoute::sql("impatient", "/impatient/{id}")
+                .lookup(sleepy)
+                .origin_timeout("300ms"),
+        )
+        .toml();
     let proxy = TestProxy::spawn_ready(&toml).await;
     let r = proxy.get(&format!("/impatient/{}", demo_sku(1))).await;
     assert_eq!(r.status.as_u16(), 504, "{}", r.text());
