@@ -9,13 +9,16 @@
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
+use bloomgate::gate::{BuildHook, BuildPhase, Filter};
 use serde_json::Value;
 use support::binary::{Bloomgate, message};
 use support::observe::filter_status;
 use support::{HttpClient, TestConfig, TestDb, TestProxy, TestRoute, eventually, mysql_url};
+use tokio::sync::mpsc;
 
 const TOKEN: &str = "test-admin-token";
 const SYNC_QUERY: &str =
@@ -212,10 +215,33 @@ async fn a_warm_start_admits_keys_written_after_the_snapshot_at_its_first_sync_p
     remove_snapshot_dir(&path);
 }
 
+/// The instant each full build of `filter` begins, from its build hook.
+fn watch_builds(filter: &Filter) -> mpsc::UnboundedReceiver<Instant> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let hook: BuildHook = Arc::new(move |phase| {
+        let tx = tx.clone();
+        Box::pin(async move {
+            if phase == BuildPhase::Sizing {
+                let _ = tx.send(Instant::now());
+            }
+        })
+    });
+    filter.set_build_hook(Some(hook));
+    rx
+}
+
+async fn next_build(builds: &mut mpsc::UnboundedReceiver<Instant>) -> Instant {
+    tokio::time::timeout(Duration::from_secs(30), builds.recv())
+        .await
+        .expect("a scheduled build began")
+        .expect("hook alive")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebuild_interval_rebuilds_on_schedule_and_deleted_keys_leave() {
     let Some(server) = mysql_url() else { return };
     const N: u64 = 500;
+    const INTERVAL: Duration = Duration::from_secs(1);
     let db = TestDb::create(&server, N).await;
     let proxy = TestProxy::spawn_ready(
         &TestConfig::new(&db.url)
@@ -227,13 +253,7 @@ async fn rebuild_interval_rebuilds_on_schedule_and_deleted_keys_leave() {
             .toml(),
     )
     .await;
-    let ready = Instant::now();
-    let loads = || async {
-        proxy
-            .scrape()
-            .await
-            .value(&with_result("bloomgate_filter_loads_total", "ok"))
-    };
+    let mut builds = watch_builds(proxy.proxy.filter("products").expect("filter"));
     let status = proxy.filter_status("products").await;
     assert_eq!(status["last_load"]["reason"], "startup", "{status}");
 
@@ -241,23 +261,31 @@ async fn rebuild_interval_rebuilds_on_schedule_and_deleted_keys_leave() {
     for &key in &deleted {
         db.delete_product(key).await;
     }
-    // A build that had already read the table may finish after the deletes: wait for
-    // two more, so at least one started after them, and for its status (recorded just
-    // after its count).
-    let after_delete = loads().await;
-    let kept = N - deleted.len() as u64;
-    eventually(
-        "a scheduled rebuild that read the table after the deletes",
-        Duration::from_secs(30),
-        || async {
-            let status = proxy.filter_status("products").await;
-            loads().await >= after_delete + 2.0 && status["last_load"]["rows"] == kept
-        },
-    )
-    .await;
+    // Forget the builds that began before the deletes were done.
+    while builds.try_recv().is_ok() {}
+    let first = next_build(&mut builds).await;
+    // The next one begins only after the first has finished and recorded its status.
+    let second = next_build(&mut builds).await;
+    assert!(
+        second - first >= INTERVAL,
+        "scheduled builds began {:?} apart with a 1s interval",
+        second - first
+    );
     let status = proxy.filter_status("products").await;
     assert_eq!(status["last_load"]["reason"], "scheduled", "{status}");
     assert_eq!(status["last_load"]["result"], "ok", "{status}");
+    assert_eq!(
+        status["last_load"]["rows"],
+        N - deleted.len() as u64,
+        "{status}"
+    );
+    assert!(
+        proxy
+            .scrape()
+            .await
+            .value(&with_result("bloomgate_filter_loads_total", "ok"))
+            >= 2.0
+    );
     for &key in &deleted {
         let r = proxy.get(&format!("/api/products/{key}")).await;
         assert_eq!(
@@ -266,20 +294,6 @@ async fn rebuild_interval_rebuilds_on_schedule_and_deleted_keys_leave() {
             "{key}"
         );
     }
-    // Each rebuild waits the interval after the previous one ends: three rebuilds after
-    // the first load take at least three intervals.
-    eventually(
-        "three scheduled rebuilds",
-        Duration::from_secs(30),
-        || async { loads().await >= 4.0 },
-    )
-    .await;
-    // (Less the granularity of the readiness poll that `ready` was taken after.)
-    assert!(
-        ready.elapsed() >= Duration::from_millis(2_900),
-        "three scheduled rebuilds within {:?} of a 1s interval",
-        ready.elapsed()
-    );
 }
 
 const FILLING_UP: &str = "filter is filling up; it is rebuilt larger once items exceed capacity";
