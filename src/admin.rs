@@ -85,7 +85,14 @@ impl Handler for Admin {
                 }
                 self.invalidate(req).await
             }
-            (_, ["metrics" | "healthz" | "readyz"] | ["admin", ..]) => error(
+            // A known path asked with another method; any other path is unknown (404).
+            (
+                _,
+                ["metrics" | "healthz" | "readyz"]
+                | ["admin", "filters"]
+                | ["admin", "filters", _, "rebuild" | "keys"]
+                | ["admin", "cache", "invalidate"],
+            ) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 "method not allowed on this path",

@@ -15,33 +15,23 @@ use bloomgate::gate::{BuildHook, BuildPhase, Filter, Verdict};
 use bloomgate::key::{KeyBytes, OwnedKey};
 use bytes::Bytes;
 use http::Method;
-use support::{StubUpstream, TestDb, TestProxy, mysql_url};
+use support::{StubUpstream, TestConfig, TestDb, TestProxy, TestRoute, mysql_url};
 use tokio::sync::{mpsc, oneshot};
 
 const TOKEN: &str = "test-admin-token";
 
 fn config(db_url: &str, extra_filter: &str) -> String {
-    format!(
-        r#"
-[admin]
-token = "{TOKEN}"
-[database]
-url = "{db_url}"
-[cache]
-negative_ttl = "10m"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 5000
-false_positive_rate = 0.001
-{extra_filter}
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id, name, price FROM products WHERE sku_id = ?" }}
-"#
-    )
+    TestConfig::new(db_url)
+        .admin_token(TOKEN)
+        .cache("negative_ttl = \"10m\"")
+        .expected_items(5000)
+        .false_positive_rate(0.001)
+        .filter(extra_filter)
+        .route(
+            TestRoute::sql("products", "/api/products/{id}")
+                .lookup("SELECT sku_id, name, price FROM products WHERE sku_id = ?"),
+        )
+        .toml()
 }
 
 /// A build step reported by the hook, held until `go` is used (or dropped).
@@ -242,32 +232,14 @@ async fn a_not_found_read_before_an_admission_leaves_no_negative_entry() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 100).await;
     let stub = StubUpstream::start((0..100).map(demo_sku)).await;
-    let toml = format!(
-        r#"
-[upstream]
-url = "{up}"
-[database]
-url = "{url}"
-[cache]
-negative_ttl = "10m"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 100
-false_positive_rate = 0.5
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "upstream" }}
-[[write_through]]
-path = "/api/products/json"
-filter = "products"
-key = {{ json = "sku_id" }}
-"#,
-        up = stub.url(),
-        url = db.url
-    );
+    let toml = TestConfig::new(&db.url)
+        .upstream(&stub.url())
+        .cache("negative_ttl = \"10m\"")
+        .expected_items(100)
+        .false_positive_rate(0.5)
+        .route(TestRoute::upstream("products", "/api/products/{id}"))
+        .raw("[[write_through]]\npath = \"/api/products/json\"\nfilter = \"products\"\nkey = { json = \"sku_id\" }")
+        .toml();
     let proxy = TestProxy::spawn_ready(&toml).await;
     let filter = Arc::clone(proxy.proxy.filter("products").expect("filter"));
     // A key the filter lets through (one of its false positives) that the upstream lacks.

@@ -15,7 +15,7 @@ use bloomgate::db::{demo_absent_sku, demo_sku};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
-use support::{StubUpstream, TestDb, TestProxy, mysql_url};
+use support::{StubUpstream, TestConfig, TestDb, TestProxy, TestRoute, mysql_url};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -26,40 +26,23 @@ const PRODUCTS: u64 = 2_000;
 const SERVED: u64 = 1_000;
 
 fn config(db_url: &str, upstream: &str, extra_server: &str, extra: &str) -> String {
-    format!(
-        r#"
-[server]
-header_read_timeout = "2s"
-{extra_server}
-[upstream]
-url = "{upstream}"
-timeout = "2s"
-[database]
-url = "{db_url}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = {PRODUCTS}
-false_positive_rate = 0.01
-load_retry_initial = "100ms"
-load_retry_max = "500ms"
-[[routes]]
-name = "info"
-path = "/api/product/info"
-key = {{ query = "sku_id" }}
-filter = "products"
-origin = {{ kind = "upstream" }}
-forward_query = ["lang"]
-forward_headers = ["accept-language"]
-upstream_headers = {{ "x-api-key" = "k-123" }}
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "upstream" }}
-{extra}
-"#
-    )
+    TestConfig::new(db_url)
+        .server("header_read_timeout = \"2s\"")
+        .server(extra_server)
+        .upstream(upstream)
+        .upstream_field("timeout = \"2s\"")
+        .expected_items(PRODUCTS)
+        .filter("load_retry_initial = \"100ms\"")
+        .filter("load_retry_max = \"500ms\"")
+        .route(
+            TestRoute::upstream("info", "/api/product/info")
+                .query_key("sku_id")
+                .field("forward_query = [\"lang\"]")
+                .field("forward_headers = [\"accept-language\"]")
+                .field("upstream_headers = { \"x-api-key\" = \"k-123\" }"),
+        )
+        .route(TestRoute::upstream("products", "/api/products/{id}").field(extra))
+        .toml()
 }
 
 /// Fields drop in order: the proxy stops before its database is dropped.

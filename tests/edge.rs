@@ -11,7 +11,10 @@ use std::net::SocketAddr;
 use bloomgate::db::{Db, PoolSettings, demo_absent_sku, demo_sku};
 use bytes::Bytes;
 use http::{HeaderMap, Method};
-use support::{Seen, StubUpstream, TestProxy, raw_status, send_raw, send_raw_half_closed};
+use support::{
+    Seen, StubUpstream, TestConfig, TestProxy, TestRoute, raw_status, send_raw,
+    send_raw_half_closed,
+};
 use tempfile::TempDir;
 
 const PRODUCTS: u64 = 100;
@@ -28,41 +31,19 @@ struct Edge {
 /// stub records what it saw), `/slow/{ms}` (upstream origin, gate off). Everything else
 /// passes through. `server` is added to the `[server]` section.
 fn config(db_url: &str, upstream: &str, server: &str) -> String {
-    format!(
-        r#"
-[server]
-header_read_timeout = "5s"
-max_body_bytes = 65536
-{server}
-[upstream]
-url = "{upstream}"
-timeout = "5s"
-[database]
-url = "{db_url}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 1000
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id, name FROM products WHERE sku_id = ?" }}
-[[routes]]
-name = "items"
-path = "/echo/items/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "upstream" }}
-[[routes]]
-name = "slow"
-path = "/slow/{{ms}}"
-key = {{ segment = "ms" }}
-filter = "products"
-mode = "off"
-origin = {{ kind = "upstream" }}
-"#
-    )
+    TestConfig::new(db_url)
+        .server("header_read_timeout = \"5s\"")
+        .server("max_body_bytes = 65536")
+        .server(server)
+        .upstream(upstream)
+        .upstream_field("timeout = \"5s\"")
+        .route(
+            TestRoute::sql("products", "/api/products/{id}")
+                .lookup("SELECT sku_id, name FROM products WHERE sku_id = ?"),
+        )
+        .route(TestRoute::upstream("items", "/echo/items/{id}"))
+        .route(TestRoute::upstream("slow", "/slow/{ms}").field("mode = \"off\""))
+        .toml()
 }
 
 impl Edge {

@@ -235,10 +235,13 @@ fn compose_and_dockerfile_match_the_repository() {
     assert_eq!(svc("bloomgate")["build"].as_str(), Some("."));
     assert_eq!(
         strings(&svc("bloomgate")["ports"]),
-        ["8080:8080", "9090:9090"]
+        ["8080:8080", "127.0.0.1:9090:9090"]
     );
-    assert_eq!(strings(&svc("prometheus")["ports"]), ["9091:9090"]);
-    assert_eq!(strings(&svc("grafana")["ports"]), ["3000:3000"]);
+    assert_eq!(
+        strings(&svc("prometheus")["ports"]),
+        ["127.0.0.1:9091:9090"]
+    );
+    assert_eq!(strings(&svc("grafana")["ports"]), ["127.0.0.1:3000:3000"]);
     for image in ["prometheus", "grafana"] {
         let tag = svc(image)["image"].as_str().expect("image");
         assert!(

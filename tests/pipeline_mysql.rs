@@ -6,39 +6,23 @@ mod support;
 use std::time::{Duration, Instant};
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
-use support::{TestDb, TestProxy, concurrently, mysql_url};
-
-const LOOKUP: &str = "SELECT sku_id, name, price, updated_at FROM products WHERE sku_id = ?";
+use support::{TestConfig, TestDb, TestProxy, TestRoute, concurrently, mysql_url};
 
 fn config(db_url: &str, expected: u64, fpp: f64, negative_ttl: &str) -> String {
-    format!(
-        r#"
-[admin]
-token = "test-admin-token"
-[database]
-url = "{db_url}"
-max_connections = 16
-acquire_timeout = "10s"
-[cache]
-negative_ttl = "{negative_ttl}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = {expected}
-false_positive_rate = {fpp}
-[[routes]]
-name = "by_path"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
-[[routes]]
-name = "by_query"
-path = "/api/product/info"
-key = {{ query = "sku_id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
-"#
-    )
+    TestConfig::new(db_url)
+        .admin_token("test-admin-token")
+        .database("max_connections = 16")
+        .database("acquire_timeout = \"10s\"")
+        .cache(format!("negative_ttl = \"{negative_ttl}\""))
+        .expected_items(expected)
+        .false_positive_rate(fpp)
+        .route(TestRoute::sql("by_path", "/api/products/{id}").origin_timeout("10s"))
+        .route(
+            TestRoute::sql("by_query", "/api/product/info")
+                .query_key("sku_id")
+                .origin_timeout("10s"),
+        )
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,30 +294,21 @@ async fn slow_lookups_time_out_and_an_exhausted_pool_answers_503() {
     // Lookups lock the row they read: one whose row the test has locked waits in the
     // database for as long as the test holds the lock.
     let locking = "SELECT sku_id, name FROM products WHERE sku_id = ? FOR UPDATE";
-    let toml = format!(
-        r#"
-[database]
-url = "{url}"
-max_connections = 1
-acquire_timeout = "2s"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 100
-[[routes]]
-name = "slow"
-path = "/slow/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "{locking}", timeout = "60s" }}
-[[routes]]
-name = "impatient"
-path = "/impatient/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "{locking}", timeout = "300ms" }}
-"#,
-        url = db.url
-    );
+    let toml = TestConfig::new(&db.url)
+        .database("max_connections = 1")
+        .database("acquire_timeout = \"2s\"")
+        .expected_items(100)
+        .route(
+            TestRoute::sql("slow", "/slow/{id}")
+                .lookup(locking)
+                .origin_timeout("60s"),
+        )
+        .route(
+            TestRoute::sql("impatient", "/impatient/{id}")
+                .lookup(locking)
+                .origin_timeout("300ms"),
+        )
+        .toml();
     let proxy = TestProxy::spawn_ready(&toml).await;
     let (held, free, late) = (demo_sku(1), demo_sku(2), demo_sku(3));
     let lock = async |sku: u64| {

@@ -8,40 +8,24 @@ use std::time::{Duration, Instant};
 use bloomgate::db::{demo_absent_sku, demo_sku};
 use bytes::Bytes;
 use http::Method;
-use support::{Relay, StubUpstream, TestDb, TestProxy, concurrently, host_port, mysql_url};
+use support::{
+    Relay, StubUpstream, TestConfig, TestDb, TestProxy, TestRoute, concurrently, host_port,
+    mysql_url,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn config(db_url: &str, upstream: &str, expected: u64) -> String {
-    format!(
-        r#"
-[server]
-header_read_timeout = "1s"
-max_body_bytes = 65536
-[upstream]
-url = "{upstream}"
-timeout = "500ms"
-[database]
-url = "{db_url}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = {expected}
-false_positive_rate = 0.01
-load_retry_initial = "100ms"
-load_retry_max = "500ms"
-[[routes]]
-name = "info"
-path = "/api/product/info"
-key = {{ query = "sku_id" }}
-filter = "products"
-origin = {{ kind = "upstream" }}
-[[routes]]
-name = "slow"
-path = "/slow/{{ms}}"
-key = {{ segment = "ms" }}
-filter = "products"
-origin = {{ kind = "upstream" }}
-"#
-    )
+    TestConfig::new(db_url)
+        .server("header_read_timeout = \"1s\"")
+        .server("max_body_bytes = 65536")
+        .upstream(upstream)
+        .upstream_field("timeout = \"500ms\"")
+        .expected_items(expected)
+        .filter("load_retry_initial = \"100ms\"")
+        .filter("load_retry_max = \"500ms\"")
+        .route(TestRoute::upstream("info", "/api/product/info").query_key("sku_id"))
+        .route(TestRoute::upstream("slow", "/slow/{ms}"))
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

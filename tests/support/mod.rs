@@ -35,6 +35,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, oneshot, watch};
 
+pub mod binary;
+pub mod config;
+pub mod observe;
+
+#[allow(unused_imports)]
+pub use config::{TestConfig, TestRoute};
+#[allow(unused_imports)]
+pub use observe::{Scrape, eventually};
+
 /// The variable that names the MariaDB server the tests use.
 pub const MYSQL_URL_VAR: &str = "BLOOMGATE_TEST_MYSQL_URL";
 

@@ -1,0 +1,196 @@
+//! The response cache as docs/configuration.md tells it: a route's `ttl` and
+//! `negative_ttl` override the cache's for that route alone, and `max_entries` and
+//! `negative_max_entries` bound the two kinds of entries separately, so a flood of absent
+//! keys cannot push found keys out. A real proxy in front of a real upstream that counts
+//! its hits, with the filter read from a real MariaDB.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bloomgate::db::demo_sku;
+use support::{
+    StubUpstream, TestConfig, TestDb, TestProxy, TestRoute, concurrently, eventually, mysql_url,
+};
+
+/// Products in the database, and so in the filter.
+const PRODUCTS: u64 = 2_000;
+/// The upstream has the first `SERVED`; the others pass the gate and are then not found
+/// (a false positive on demand).
+const SERVED: u64 = 1_000;
+
+struct Rig {
+    _db: TestDb,
+    stub: StubUpstream,
+    proxy: TestProxy,
+}
+
+async fn rig(config: impl FnOnce(TestConfig) -> TestConfig) -> Option<Rig> {
+    let server = mysql_url()?;
+    let db = TestDb::create(&server, PRODUCTS).await;
+    let stub = StubUpstream::start((0..SERVED).map(demo_sku)).await;
+    let base = TestConfig::new(&db.url)
+        .upstream(&stub.url())
+        .expected_items(PRODUCTS);
+    let proxy = TestProxy::spawn_ready(&config(base).toml()).await;
+    Some(Rig {
+        _db: db,
+        stub,
+        proxy,
+    })
+}
+
+/// How many requests for `path_and_query` reached the upstream.
+fn upstream_hits(stub: &StubUpstream, path_and_query: &str) -> usize {
+    stub.requests()
+        .iter()
+        .filter(|r| r.as_str() == path_and_query)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_ttls_override_the_cache_defaults_for_that_route_only() {
+    const SHORT: Duration = Duration::from_secs(2);
+    let Some(rig) = rig(|c| {
+        c.cache("ttl = \"1h\"")
+            .cache("negative_ttl = \"1h\"")
+            .route(
+                TestRoute::upstream("short", "/api/products/{id}")
+                    .field("ttl = \"2s\"")
+                    .field("negative_ttl = \"2s\""),
+            )
+            .route(TestRoute::upstream("long", "/api/product/info").query_key("sku_id"))
+    })
+    .await
+    else {
+        return;
+    };
+    let (proxy, stub) = (&rig.proxy, &rig.stub);
+    let (found, absent) = (demo_sku(1), demo_sku(SERVED + 1));
+    let short = |k: u64| format!("/api/products/{k}");
+    let long = |k: u64| format!("/api/product/info?sku_id={k}");
+
+    let cached_at = Instant::now();
+    for (path, status) in [
+        (short(found), 200),
+        (long(found), 200),
+        (short(absent), 404),
+        (long(absent), 404),
+    ] {
+        let r = proxy.get(&path).await;
+        assert_eq!((r.status.as_u16(), r.stage()), (status, "miss"), "{path}");
+    }
+    for (path, status, stage) in [
+        (short(found), 200, "hit"),
+        (long(found), 200, "hit"),
+        (short(absent), 404, "negative-hit"),
+        (long(absent), 404, "negative-hit"),
+    ] {
+        let r = proxy.get(&path).await;
+        assert_eq!((r.status.as_u16(), r.stage()), (status, stage), "{path}");
+    }
+    assert_eq!(stub.hits(), 4);
+
+    // The short route's entries expire after its own TTL: the next request of each goes
+    // to the upstream again (reads do not extend an entry's life).
+    for (path, status) in [(short(found), 200), (short(absent), 404)] {
+        let p = path.as_str();
+        eventually(
+            &format!("{p} expired"),
+            Duration::from_secs(30),
+            || async move {
+                let r = proxy.get(p).await;
+                assert_eq!(r.status.as_u16(), status, "{p}");
+                r.stage() == "miss"
+            },
+        )
+        .await;
+        assert!(
+            cached_at.elapsed() >= SHORT,
+            "{path} expired after {:?}, before its route's ttl",
+            cached_at.elapsed()
+        );
+        assert_eq!(upstream_hits(stub, &path), 2, "{path}");
+    }
+    // The other route, on the same keys, still answers from the cache under cache.ttl.
+    let r = proxy.get(&long(found)).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (200, "hit"));
+    let r = proxy.get(&long(absent)).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (404, "negative-hit"));
+    assert_eq!(upstream_hits(stub, &long(found)), 1);
+    assert_eq!(upstream_hits(stub, &long(absent)), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_entries_bounds_each_kind_of_entry_separately() {
+    const MAX: f64 = 100.0;
+    const NEGATIVE_MAX: f64 = 50.0;
+    let Some(rig) = rig(|c| {
+        c.cache("max_entries = 100")
+            .cache("negative_max_entries = 50")
+            .route(TestRoute::upstream("products", "/api/products/{id}"))
+    })
+    .await
+    else {
+        return;
+    };
+    let proxy = Arc::new(rig.proxy);
+    let entries = |kind: &'static str| {
+        let proxy = Arc::clone(&proxy);
+        async move {
+            // Each scrape runs the cache's pending maintenance first.
+            proxy
+                .scrape()
+                .await
+                .value(&format!("bloomgate_cache_entries{{kind=\"{kind}\"}}"))
+        }
+    };
+    let get_all = |keys: Vec<u64>, status: u16| {
+        let proxy = Arc::clone(&proxy);
+        async move {
+            let answers = concurrently(keys, 16, move |k| {
+                let proxy = Arc::clone(&proxy);
+                async move { proxy.get(&format!("/api/products/{k}")).await.status }
+            })
+            .await;
+            assert!(answers.iter().all(|s| s.as_u16() == status), "{answers:?}");
+        }
+    };
+
+    // Ten times the bound of found keys.
+    get_all((0..SERVED).map(demo_sku).collect(), 200).await;
+    let positive = entries("positive").await;
+    assert!(
+        positive > 0.0 && positive <= MAX,
+        "{positive} positive entries"
+    );
+    assert_eq!(entries("negative").await, 0.0);
+
+    // Found keys cached now stay cached through a flood of absent keys. (The cache
+    // admits by frequency when it is full, at its maintenance: a key asked for again
+    // soon gets in. Each scrape runs the maintenance.)
+    let kept = demo_sku(0);
+    let mut cached = false;
+    for _ in 0..10 {
+        proxy.get(&format!("/api/products/{kept}")).await;
+        entries("positive").await;
+        cached = proxy.get(&format!("/api/products/{kept}")).await.stage() == "hit";
+        if cached {
+            break;
+        }
+    }
+    assert!(cached, "{kept} never cached");
+    let before = entries("positive").await;
+
+    // Twenty times the bound of absent keys.
+    get_all((SERVED..PRODUCTS).map(demo_sku).collect(), 404).await;
+    let negative = entries("negative").await;
+    assert!(
+        negative > 0.0 && negative <= NEGATIVE_MAX,
+        "{negative} negative entries"
+    );
+    assert_eq!(entries("positive").await, before);
+    let r = proxy.get(&format!("/api/products/{kept}")).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (200, "hit"));
+}
