@@ -238,7 +238,7 @@ async fn a_not_found_read_before_an_admission_leaves_no_negative_entry() {
         .expected_items(100)
         .false_positive_rate(0.5)
         .route(TestRoute::upstream("products", "/api/products/{id}"))
-        .raw("[[write_through]]\npath = \"/api/products/json\"\nfilter = \"products\"\nkey = { json = \"sku_id\" }")
+        .write_through("/api/products/json", "{ json = \"sku_id\" }", &[])
         .toml();
     let proxy = TestProxy::spawn_ready(&toml).await;
     let filter = Arc::clone(proxy.proxy.filter("products").expect("filter"));

@@ -42,7 +42,7 @@ fn config(db_url: &str, upstream: &str, server: &str) -> String {
                 .lookup("SELECT sku_id, name FROM products WHERE sku_id = ?"),
         )
         .route(TestRoute::upstream("items", "/echo/items/{id}"))
-        .route(TestRoute::upstream("slow", "/slow/{ms}").field("mode = \"off\""))
+        .route(TestRoute::upstream("slow", "/slow/{ms}").mode("off"))
         .toml()
 }
 

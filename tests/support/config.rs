@@ -1,6 +1,9 @@
 //! The common test config, built in steps: one `products` filter over the demo table, the
 //! routes a test needs, and whatever else it sets, so a test states only what differs.
 //!
+//! It depends on nothing else in `support`, so tests and benches that do not boot a
+//! proxy (tests/alloc.rs, benches/pipeline.rs) include this file alone with `#[path]`.
+//!
 //! ```ignore
 //! let toml = TestConfig::new(&db.url)
 //!     .admin_token("test-admin-token")
@@ -9,8 +12,13 @@
 //!     .toml();
 //! ```
 
+use std::path::Path;
+
 /// The lookup that SQL routes run unless told otherwise.
 pub const LOOKUP: &str = "SELECT sku_id, name, price, updated_at FROM products WHERE sku_id = ?";
+
+/// The timestamp-watermark sync query over the demo table.
+pub const SYNC_QUERY: &str = "SELECT sku_id, updated_at FROM products WHERE updated_at >= ?";
 
 /// A bloomgate config under construction. Section setters take whole TOML lines
 /// (`"max_connections = 16"`), added in order to that section.
@@ -27,7 +35,7 @@ pub struct TestConfig {
     filter: Vec<String>,
     sync: Option<Vec<String>>,
     routes: Vec<TestRoute>,
-    tail: Vec<String>,
+    write_through: Vec<Vec<String>>,
 }
 
 impl TestConfig {
@@ -47,7 +55,7 @@ impl TestConfig {
             filter: Vec::new(),
             sync: None,
             routes: Vec::new(),
-            tail: Vec::new(),
+            write_through: Vec::new(),
         }
     }
 
@@ -119,10 +127,22 @@ impl TestConfig {
         self
     }
 
+    /// Sets the filter's `snapshot_path`.
+    pub fn snapshot_path(self, path: &Path) -> Self {
+        let line = format!("snapshot_path = {}", quoted(&path.display().to_string()));
+        self.filter(line)
+    }
+
     /// Adds a line to `[filters.products.sync]` (the table exists once this is called).
     pub fn sync(mut self, line: impl Into<String>) -> Self {
         self.sync.get_or_insert_with(Vec::new).push(line.into());
         self
+    }
+
+    /// Sets the sync `query`, e.g. [`SYNC_QUERY`] (the sync table exists once this is called).
+    pub fn sync_query(self, sql: &str) -> Self {
+        let line = format!("query = {}", quoted(sql));
+        self.sync(line)
     }
 
     /// Appends a guarded route.
@@ -131,9 +151,17 @@ impl TestConfig {
         self
     }
 
-    /// Appends raw TOML after the routes, e.g. a `[[write_through]]` table.
-    pub fn raw(mut self, toml: impl Into<String>) -> Self {
-        self.tail.push(toml.into());
+    /// Appends a `[[write_through]]` table feeding the `products` filter: a write to
+    /// `path` adds the key that `key` names (a TOML inline table such as
+    /// `{ json = "sku_id" }`), with further `lines` such as `methods = ["POST"]`.
+    pub fn write_through(mut self, path: &str, key: &str, lines: &[&str]) -> Self {
+        let mut table = vec![
+            format!("path = {}", quoted(path)),
+            "filter = \"products\"".to_owned(),
+            format!("key = {key}"),
+        ];
+        table.extend(lines.iter().map(|l| (*l).to_owned()));
+        self.write_through.push(table);
         self
     }
 
@@ -174,9 +202,8 @@ impl TestConfig {
         for route in &self.routes {
             section("[[routes]]", &route.lines());
         }
-        for raw in &self.tail {
-            out.push_str(raw);
-            out.push('\n');
+        for table in &self.write_through {
+            section("[[write_through]]", table);
         }
         out
     }
@@ -196,7 +223,7 @@ enum TestOrigin {
 /// unless [`TestRoute::query_key`] names a query parameter.
 #[derive(Debug, Clone)]
 pub struct TestRoute {
-    name: String,
+    name: Option<String>,
     path: String,
     query_key: Option<String>,
     origin: TestOrigin,
@@ -207,7 +234,7 @@ impl TestRoute {
     /// A route that looks keys up in the database with [`LOOKUP`].
     pub fn sql(name: &str, path: &str) -> TestRoute {
         TestRoute {
-            name: name.to_owned(),
+            name: Some(name.to_owned()),
             path: path.to_owned(),
             query_key: None,
             origin: TestOrigin::Sql {
@@ -224,6 +251,18 @@ impl TestRoute {
             origin: TestOrigin::Upstream,
             ..TestRoute::sql(name, path)
         }
+    }
+
+    /// Leaves `name` out, so the route is named by its path (in metric labels too).
+    pub fn unnamed(mut self) -> Self {
+        self.name = None;
+        self
+    }
+
+    /// Sets the route's `mode`: `enforce`, `shadow` or `off`.
+    pub fn mode(self, mode: &str) -> Self {
+        let line = format!("mode = {}", quoted(mode));
+        self.field(line)
     }
 
     /// Takes the key from this query parameter.
@@ -277,13 +316,17 @@ impl TestRoute {
             },
             TestOrigin::Upstream => "origin = { kind = \"upstream\" }".to_owned(),
         };
-        let mut lines = vec![
-            format!("name = {}", quoted(&self.name)),
+        let mut lines: Vec<String> = self
+            .name
+            .iter()
+            .map(|name| format!("name = {}", quoted(name)))
+            .collect();
+        lines.extend([
             format!("path = {}", quoted(&self.path)),
             key,
             "filter = \"products\"".to_owned(),
             origin,
-        ];
+        ]);
         lines.extend(self.fields.iter().cloned());
         lines
     }

@@ -40,7 +40,7 @@ pub mod config;
 pub mod observe;
 
 #[allow(unused_imports)]
-pub use config::{TestConfig, TestRoute};
+pub use config::{SYNC_QUERY, TestConfig, TestRoute};
 #[allow(unused_imports)]
 pub use observe::{Scrape, eventually};
 
