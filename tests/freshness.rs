@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use bloomgate::db::{demo_absent_sku, demo_sku};
 use bytes::Bytes;
 use http::Method;
-use support::{StubUpstream, TestDb, TestProxy, concurrently, mysql_url};
+use support::{
+    SYNC_QUERY, StubUpstream, TestConfig, TestDb, TestProxy, TestRoute, concurrently, mysql_url,
+};
 
-const LOOKUP: &str = "SELECT sku_id, name, price, updated_at FROM products WHERE sku_id = ?";
 const SYNC_INTERVAL_MS: u64 = 300;
 const SYNC_OVERLAP_S: u64 = 2;
 
@@ -28,52 +29,26 @@ struct Setup<'a> {
 }
 
 fn config(s: &Setup<'_>) -> String {
-    let sync = if s.sync {
-        format!(
-            "sync = {{ query = \"SELECT sku_id, updated_at FROM products WHERE updated_at >= ?\", interval = \"{SYNC_INTERVAL_MS}ms\", overlap = \"{SYNC_OVERLAP_S}s\" }}"
-        )
-    } else {
-        String::new()
-    };
-    let snapshot = s
-        .snapshot
-        .map(|p| format!("snapshot_path = \"{}\"", p.display()))
-        .unwrap_or_default();
-    format!(
-        r#"
-[admin]
-token = "test-admin-token"
-[database]
-url = "{url}"
-max_connections = 32
-acquire_timeout = "10s"
-[cache]
-negative_ttl = "1m"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = {expected}
-false_positive_rate = {fpp}
-{sync}
-{snapshot}
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-mode = "{mode}"
-origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
-[[routes]]
-name = "enforced"
-path = "/enforced/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
-"#,
-        url = s.db_url,
-        expected = s.expected,
-        fpp = s.fpp,
-        mode = s.mode,
-    )
+    let route = |name, path| TestRoute::sql(name, path).origin_timeout("10s");
+    let mut c = TestConfig::new(s.db_url)
+        .admin_token("test-admin-token")
+        .database("max_connections = 32")
+        .database("acquire_timeout = \"10s\"")
+        .cache("negative_ttl = \"1m\"")
+        .expected_items(s.expected)
+        .false_positive_rate(s.fpp)
+        .route(route("products", "/api/products/{id}").mode(s.mode))
+        .route(route("enforced", "/enforced/{id}"));
+    if s.sync {
+        c = c
+            .sync_query(SYNC_QUERY)
+            .sync(format!("interval = \"{SYNC_INTERVAL_MS}ms\""))
+            .sync(format!("overlap = \"{SYNC_OVERLAP_S}s\""));
+    }
+    if let Some(path) = s.snapshot {
+        c = c.snapshot_path(path);
+    }
+    c.toml()
 }
 
 fn setup(db_url: &str, expected: u64) -> Setup<'_> {
@@ -574,36 +549,17 @@ async fn a_write_through_the_proxy_adds_the_key_at_once() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 100).await;
     let stub = StubUpstream::start((0..100).map(demo_sku)).await;
-    let toml = format!(
-        r#"
-[upstream]
-url = "{up}"
-[database]
-url = "{url}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 1000
-false_positive_rate = 0.0001
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "upstream" }}
-[[write_through]]
-path = "/api/products"
-methods = ["POST"]
-statuses = [201]
-filter = "products"
-key = {{ header = "location" }}
-[[write_through]]
-path = "/api/products/json"
-filter = "products"
-key = {{ json = "sku_id" }}
-"#,
-        up = stub.url(),
-        url = db.url
-    );
+    let toml = TestConfig::new(&db.url)
+        .upstream(&stub.url())
+        .false_positive_rate(0.0001)
+        .route(TestRoute::upstream("products", "/api/products/{id}"))
+        .write_through(
+            "/api/products",
+            "{ header = \"location\" }",
+            &["methods = [\"POST\"]", "statuses = [201]"],
+        )
+        .write_through("/api/products/json", "{ json = \"sku_id\" }", &[])
+        .toml();
     let proxy = TestProxy::spawn_ready(&toml).await;
     let new_key = 987_654_321u64;
     assert_eq!(
