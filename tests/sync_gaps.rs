@@ -12,52 +12,29 @@ use bloomgate::db::demo_absent_sku;
 use chrono::{DurationRound, NaiveDateTime, TimeDelta, Utc};
 use serde_json::Value;
 use sqlx::MySqlExecutor;
-use support::{TestDb, TestProxy, mysql_url};
+use support::{SYNC_QUERY, TestConfig, TestDb, TestProxy, TestRoute, mysql_url};
 
-const LOOKUP: &str = "SELECT sku_id, name, price, updated_at FROM products WHERE sku_id = ?";
 const FILTER: &str = "filter=\"products\"";
 /// After a commit, the row must be served within this many successful polls.
 const POLLS: f64 = 5.0;
 
-/// A config whose filter syncs with `sync` (the body of `[filters.products.sync]`).
-fn config(db_url: &str, sync: &str) -> String {
-    config_with(db_url, "", sync)
+/// The config these tests share: a filter whose sync polls every 200 ms, to which a test
+/// adds the rest of `[filters.products.sync]`.
+fn config(db_url: &str) -> TestConfig {
+    TestConfig::new(db_url)
+        .admin_token("test-admin-token")
+        .cache("negative_ttl = \"1m\"")
+        .false_positive_rate(0.0001)
+        .sync("interval = \"200ms\"")
+        .route(TestRoute::sql("products", "/api/products/{id}").origin_timeout("10s"))
 }
 
-/// As [`config`], with `filter` added to `[filters.products]`.
-fn config_with(db_url: &str, filter: &str, sync: &str) -> String {
-    format!(
-        r#"
-[admin]
-token = "test-admin-token"
-[database]
-url = "{db_url}"
-[cache]
-negative_ttl = "1m"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 1000
-false_positive_rate = 0.0001
-{filter}
-[filters.products.sync]
-interval = "200ms"
-{sync}
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "{LOOKUP}", timeout = "10s" }}
-"#
-    )
-}
-
-/// Integer-watermark sync reading `feed` (the table, or a view of it).
-fn integer_sync(feed: &str, extra: &str) -> String {
-    format!(
-        "query = \"SELECT sku_id, id FROM {feed} WHERE id >= ?\"\nwatermark = \"integer\"\n\
-         start_query = \"SELECT MAX(id) FROM products\"\n{extra}"
-    )
+/// [`config`] with integer-watermark sync reading `feed` (the table, or a view of it).
+fn integer_sync(db_url: &str, feed: &str) -> TestConfig {
+    config(db_url)
+        .sync_query(&format!("SELECT sku_id, id FROM {feed} WHERE id >= ?"))
+        .sync("watermark = \"integer\"")
+        .sync("start_query = \"SELECT MAX(id) FROM products\"")
 }
 
 /// The demo table has no auto-increment column; these tests need one.
@@ -162,8 +139,11 @@ async fn an_insert_committed_after_a_later_synced_one_is_served() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 100).await;
     with_auto_increment_ids(&db).await;
-    let sync = integer_sync("products", "overlap_ids = 0\ngap_timeout = \"10m\"");
-    let proxy = TestProxy::spawn_ready(&config(&db.url, &sync)).await;
+    let toml = integer_sync(&db.url, "products")
+        .sync("overlap_ids = 0")
+        .sync("gap_timeout = \"10m\"")
+        .toml();
+    let proxy = TestProxy::spawn_ready(&toml).await;
     let (a, b) = (demo_absent_sku(1), demo_absent_sku(2));
 
     // A takes its id first and commits last.
@@ -224,8 +204,11 @@ async fn a_rolled_back_insert_leaves_a_gap_that_expires() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 100).await;
     with_auto_increment_ids(&db).await;
-    let sync = integer_sync("products", "overlap_ids = 0\ngap_timeout = \"1s\"");
-    let proxy = TestProxy::spawn_ready(&config(&db.url, &sync)).await;
+    let toml = integer_sync(&db.url, "products")
+        .sync("overlap_ids = 0")
+        .sync("gap_timeout = \"1s\"")
+        .toml();
+    let proxy = TestProxy::spawn_ready(&toml).await;
     let (a, b) = (demo_absent_sku(1), demo_absent_sku(2));
 
     let mut tx = db.admin.begin().await.expect("begin");
@@ -270,8 +253,10 @@ async fn an_insert_left_open_during_a_rebuild_is_served_after_it_commits() {
         "CREATE VIEW sync_feed AS SELECT sku_id, id FROM products",
     )
     .await;
-    let sync = integer_sync("sync_feed", "gap_timeout = \"10m\"");
-    let proxy = TestProxy::spawn_ready(&config(&db.url, &sync)).await;
+    let toml = integer_sync(&db.url, "sync_feed")
+        .sync("gap_timeout = \"10m\"")
+        .toml();
+    let proxy = TestProxy::spawn_ready(&toml).await;
     wait_for_polls(&proxy, 1.0).await;
 
     execute(&db, "DROP VIEW sync_feed").await;
@@ -342,11 +327,11 @@ async fn a_restart_from_a_snapshot_reads_the_open_gaps_again() {
     with_auto_increment_ids(&db).await;
     let dir = tempfile::TempDir::new().expect("temp dir");
     let snapshot = dir.path().join("products.snap");
-    let toml = config_with(
-        &db.url,
-        &format!("snapshot_path = \"{}\"", snapshot.display()),
-        &integer_sync("products", "overlap_ids = 0\ngap_timeout = \"10m\""),
-    );
+    let toml = integer_sync(&db.url, "products")
+        .snapshot_path(&snapshot)
+        .sync("overlap_ids = 0")
+        .sync("gap_timeout = \"10m\"")
+        .toml();
     let writes = format!("bloomgate_filter_snapshot_writes_total{{{FILTER},result=\"ok\"}}");
     let (a, b) = (demo_absent_sku(1), demo_absent_sku(2));
     let mut tx = db.admin.begin().await.expect("begin");
@@ -402,12 +387,12 @@ async fn a_restart_from_a_snapshot_reads_the_open_gaps_again() {
 async fn late_commit_is_served(delay: Duration, overlap: Duration) -> Option<bool> {
     let server = mysql_url()?;
     let db = TestDb::create(&server, 100).await;
-    let sync = format!(
-        "query = \"SELECT sku_id, updated_at FROM products WHERE updated_at >= ?\"\n\
-         watermark = \"timestamp\"\noverlap = \"{}s\"",
-        overlap.as_secs()
-    );
-    let proxy = TestProxy::spawn_ready(&config(&db.url, &sync)).await;
+    let toml = config(&db.url)
+        .sync_query(SYNC_QUERY)
+        .sync("watermark = \"timestamp\"")
+        .sync(format!("overlap = \"{}s\"", overlap.as_secs()))
+        .toml();
+    let proxy = TestProxy::spawn_ready(&toml).await;
     // Whole seconds (the column has no fraction), ahead of the build's start mark.
     let b_at = Utc::now()
         .duration_trunc(TimeDelta::seconds(1))
