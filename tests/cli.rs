@@ -348,10 +348,10 @@ async fn filter_build_writes_a_snapshot_that_inspect_verifies() {
     let dir = TempDir::new().expect("temp dir");
     // A directory that does not exist yet: the build creates it.
     let out = dir.path().join("snapshots").join("products.bloom");
-    let config = format!(
-        "[database]\nurl = \"{}\"\n[filters.products]\nsource_query = \"SELECT sku_id FROM products\"\nexpected_items = 5000\nsync = {{ query = \"SELECT sku_id, updated_at FROM products WHERE updated_at >= ?\" }}\n",
-        db.url
-    );
+    let config = support::TestConfig::new(&db.url)
+        .expected_items(5000)
+        .sync_query(support::SYNC_QUERY)
+        .toml();
     let path = write_config("build.toml", &config);
     let (code, text) = run(
         &[

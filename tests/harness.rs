@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use bloomgate::db::{Db, PoolSettings};
 use support::{
-    ChildGuard, MYSQL_URL_VAR, TestDb, TestProxy, family_series, mysql_url, process_alive,
-    series_value,
+    ChildGuard, MYSQL_URL_VAR, SYNC_QUERY, TestConfig, TestDb, TestProxy, TestRoute, family_series,
+    mysql_url, process_alive, series_value,
 };
 
 const TEXT: &str = "\
@@ -81,21 +81,12 @@ async fn sqlite_proxy(dir: &std::path::Path) -> TestProxy {
     let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
     db.migrate().await.expect("migrate");
     db.close().await;
-    let proxy = TestProxy::spawn(&format!(
-        r#"
-[database]
-url = "{url}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 100
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id FROM products WHERE sku_id = ?" }}
-"#
-    ))
+    let proxy = TestProxy::spawn(
+        &TestConfig::new(&url)
+            .expected_items(100)
+            .route(products_route())
+            .toml(),
+    )
     .await;
     proxy.wait_ready(Duration::from_secs(60)).await;
     proxy
@@ -236,22 +227,17 @@ fn a_child_process_dies_with_the_test_that_fails() {
 
 /// A proxy over `db_url` whose filter syncs every 50 ms.
 fn syncing(db_url: &str) -> String {
-    format!(
-        r#"
-[database]
-url = "{db_url}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 1000
-sync = {{ query = "SELECT sku_id, updated_at FROM products WHERE updated_at >= ?", interval = "50ms" }}
-[[routes]]
-name = "products"
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id FROM products WHERE sku_id = ?" }}
-"#
-    )
+    TestConfig::new(db_url)
+        .sync_query(SYNC_QUERY)
+        .sync("interval = \"50ms\"")
+        .route(products_route())
+        .toml()
+}
+
+/// The guarded route of both harness configs, answered from the key column alone.
+fn products_route() -> TestRoute {
+    TestRoute::sql("products", "/api/products/{id}")
+        .lookup("SELECT sku_id FROM products WHERE sku_id = ?")
 }
 
 const POLLS_OK: &str = "bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}";
