@@ -2,12 +2,17 @@
 //! filter → (refusal | cache hit) → response, through the same `Proxy` the server uses,
 //! on an embedded SQLite database. Run with `cargo bench --bench pipeline`.
 
+#[path = "../tests/support/config.rs"]
+#[allow(dead_code)]
+mod config;
+
 use std::hint::black_box;
 
 use bloomgate::App;
 use bloomgate::config::Config;
 use bloomgate::db::{Db, PoolSettings, demo_absent_sku, demo_sku};
 use bloomgate::gate::RebuildReason;
+use config::{TestConfig, TestRoute};
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt;
 use http::Uri;
@@ -25,15 +30,15 @@ fn pipeline(c: &mut Criterion) {
         let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
         db.migrate().await.expect("migrate");
         db.seed_demo_products(PRODUCTS).await.expect("seed");
-        let toml = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-             [database]\nurl = \"{url}\"\n\
-             [filters.products]\nsource_query = \"SELECT sku_id FROM products\"\nexpected_items = {PRODUCTS}\n\
-             [[routes]]\npath = \"/api/products/{{id}}\"\nkey = {{ segment = \"id\" }}\nfilter = \"products\"\n\
-             origin = {{ kind = \"sql\", query = \"SELECT sku_id, name, price FROM products WHERE sku_id = ?\" }}\n\
-             [[routes]]\npath = \"/api/product/info\"\nkey = {{ query = \"sku_id\" }}\nfilter = \"products\"\n\
-             origin = {{ kind = \"sql\", query = \"SELECT sku_id, name, price FROM products WHERE sku_id = ?\" }}\n"
-        );
+        let lookup = "SELECT sku_id, name, price FROM products WHERE sku_id = ?";
+        let route = |path| TestRoute::sql("", path).unnamed().lookup(lookup);
+        let toml = TestConfig::new(&url)
+            .server("listen = \"127.0.0.1:0\"")
+            .admin("listen = \"127.0.0.1:0\"")
+            .expected_items(PRODUCTS)
+            .route(route("/api/products/{id}"))
+            .route(route("/api/product/info").query_key("sku_id"))
+            .toml();
         let app = App::bind(Config::from_toml_str(&toml).expect("config"))
             .await
             .expect("bind");

@@ -2,6 +2,10 @@
 //! refuses allocates nothing beyond building the response itself (a header map), which
 //! any HTTP server pays. Runs against an embedded SQLite database, no sockets.
 
+#[path = "support/config.rs"]
+#[allow(dead_code)]
+mod config;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,6 +15,7 @@ use bloomgate::config::Config;
 use bloomgate::db::{Db, PoolSettings, demo_absent_sku, demo_sku};
 use bloomgate::gate::RebuildReason;
 use bytes::Bytes;
+use config::{TestConfig, TestRoute};
 use futures_util::FutureExt;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode, Uri};
@@ -68,24 +73,16 @@ async fn an_intercepted_request_allocates_only_its_response() {
     let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
     db.migrate().await.expect("migrate");
     db.seed_demo_products(10_000).await.expect("seed");
-    let toml = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[database]
-url = "{url}"
-[filters.products]
-source_query = "SELECT sku_id FROM products"
-expected_items = 10000
-[[routes]]
-path = "/api/products/{{id}}"
-key = {{ segment = "id" }}
-filter = "products"
-origin = {{ kind = "sql", query = "SELECT sku_id, name FROM products WHERE sku_id = ?" }}
-"#
-    );
+    let toml = TestConfig::new(&url)
+        .server("listen = \"127.0.0.1:0\"")
+        .admin("listen = \"127.0.0.1:0\"")
+        .expected_items(10_000)
+        .route(
+            TestRoute::sql("", "/api/products/{id}")
+                .unnamed()
+                .lookup("SELECT sku_id, name FROM products WHERE sku_id = ?"),
+        )
+        .toml();
     let app = App::bind(Config::from_toml_str(&toml).expect("config"))
         .await
         .expect("bind");
