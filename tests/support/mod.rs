@@ -681,11 +681,16 @@ pub struct HttpClient {
 }
 
 impl HttpClient {
-    /// A client with a pool big enough for the concurrent tests.
+    /// A client with a pool big enough for the concurrent tests. Its idle connections are
+    /// dropped well before the proxy closes them (`header_read_timeout`, 10 s by default,
+    /// also bounds an idle keep-alive connection): a connection reused at the moment the
+    /// server closes it fails the request with `IncompleteMessage`.
     pub fn new() -> HttpClient {
         HttpClient {
             inner: Client::builder(TokioExecutor::new())
                 .pool_max_idle_per_host(256)
+                .pool_idle_timeout(Duration::from_secs(4))
+                .pool_timer(hyper_util::rt::TokioTimer::new())
                 .build_http(),
         }
     }
