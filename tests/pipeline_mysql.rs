@@ -353,7 +353,9 @@ async fn slow_lookups_time_out_and_an_exhausted_pool_answers_503() {
 async fn admin_calls_need_the_token_and_added_keys_pass_the_gate() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 1_000).await;
-    let proxy = TestProxy::spawn_ready(&config(&db.url, 1_000, 0.001, "30s")).await;
+    // Room for the added keys: a capacity rebuild started by the admission below would
+    // race the requested rebuild that this test counts.
+    let proxy = TestProxy::spawn_ready(&config(&db.url, 2_000, 0.001, "30s")).await;
 
     for token in [None, Some("wrong-token-1")] {
         let r = proxy
@@ -420,6 +422,13 @@ async fn admin_calls_need_the_token_and_added_keys_pass_the_gate() {
     assert_eq!(f["name"], "products");
     assert_eq!(f["ready"], true);
     assert_eq!(f["last_load"]["rows"], 1_002);
+    assert_eq!(
+        proxy
+            .metric("bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}")
+            .await,
+        0.0,
+        "only the requested rebuild ran"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
