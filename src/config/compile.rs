@@ -231,6 +231,7 @@ impl Config {
             write_through.extend(compile_write_through(i, w, &positions, &mut p));
         }
         self.check_budget(&mut p);
+        self.check_fleet(&mut p);
         // Every part that failed to compile left a problem, so with none, all are here.
         p.into_result()?;
         Ok(Compiled {

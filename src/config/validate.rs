@@ -225,6 +225,68 @@ impl Config {
     }
 }
 
+impl Config {
+    pub(super) fn check_fleet(&self, p: &mut Problems) {
+        let Some(f) = &self.fleet else { return };
+        match f.redis_url.split_once("://") {
+            Some(("redis" | "rediss", rest)) if !rest.is_empty() => {
+                if redis::IntoConnectionInfo::into_connection_info(f.redis_url.as_str()).is_err() {
+                    p.add("fleet.redis_url", "is not a valid Redis URL");
+                }
+            }
+            _ => p.add(
+                "fleet.redis_url",
+                "must be redis://host:port or rediss://host:port (TLS)",
+            ),
+        }
+        if !is_identifier(&f.namespace) || f.namespace.len() > 64 {
+            p.add(
+                "fleet.namespace",
+                "use 1 to 64 letters, digits, '_' and '-'",
+            );
+        }
+        if let Some(id) = &f.instance_id
+            && (!is_identifier(id) || id.len() > 128)
+        {
+            p.add(
+                "fleet.instance_id",
+                "use 1 to 128 letters, digits, '_' and '-'",
+            );
+        }
+        if f.lease_ttl < Duration::from_secs(1) {
+            p.add("fleet.lease_ttl", "must be at least 1s");
+        } else if f.lease_renew.is_zero() || f.lease_renew * 2 > f.lease_ttl {
+            p.add(
+                "fleet.lease_renew",
+                "must be greater than 0 and at most half of fleet.lease_ttl",
+            );
+        }
+        for (field, d) in [
+            ("fleet.retry_interval", f.retry_interval),
+            ("fleet.command_timeout", f.command_timeout),
+        ] {
+            if d < Duration::from_millis(10) {
+                p.add(field, "must be at least 10ms");
+            }
+        }
+        if f.generation_grace < Duration::from_secs(1) {
+            p.add("fleet.generation_grace", "must be at least 1s");
+        }
+        if !(4096..=512 << 20).contains(&f.chunk_bytes) {
+            p.add("fleet.chunk_bytes", "must be between 4096 and 536870912");
+        }
+        if f.stream_max_entries < 100 {
+            p.add("fleet.stream_max_entries", "must be at least 100");
+        }
+        if self.fleet.is_some() && self.database.is_none() {
+            p.add(
+                "fleet",
+                "needs [database]: the builder scans and syncs the filters from it",
+            );
+        }
+    }
+}
+
 /// The rules of one filter; its size is checked where it is computed, in `compile`.
 pub(super) fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
     let at = |field: &str| format!("filters.{name}.{field}");
