@@ -41,6 +41,8 @@ pub struct Admin {
     pub metrics: Metrics,
     /// Bearer token for mutating calls; `None` refuses them all.
     pub token: Option<String>,
+    /// Fleet mode, when configured.
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 impl Handler for Admin {
@@ -56,6 +58,14 @@ impl Handler for Admin {
             (&Method::GET, ["admin", "filters"]) => {
                 json_response(StatusCode::OK, &self.filters_json())
             }
+            (&Method::GET, ["admin", "fleet"]) => match &self.fleet {
+                Some(fleet) => json_response(StatusCode::OK, &fleet.status_json()),
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    "fleet_off",
+                    "fleet mode is not configured (no [fleet] section)",
+                ),
+            },
             (&Method::POST, ["admin", "filters", name, action]) => {
                 if let Err(refusal) = self.authorize(&req) {
                     return refusal.into_response();
@@ -89,7 +99,7 @@ impl Handler for Admin {
             (
                 _,
                 ["metrics" | "healthz" | "readyz"]
-                | ["admin", "filters"]
+                | ["admin", "filters" | "fleet"]
                 | ["admin", "filters", _, "rebuild" | "keys"]
                 | ["admin", "cache", "invalidate"],
             ) => error(
@@ -169,6 +179,7 @@ impl Admin {
                     "sync_resume_from": crate::gate::sync::next_start(g).map(|w| w.to_string()),
                     "sync_open_gaps": g.sync_open_gaps(),
                     "snapshot_path": cfg.snapshot_path.as_ref().map(|p| p.display().to_string()),
+                    "fleet": self.fleet.as_ref().and_then(|f| f.filter_json(g.name())),
                 })
             })
             .collect();

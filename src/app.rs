@@ -18,15 +18,20 @@ use crate::admin::Admin;
 use crate::cache::ResponseCache;
 use crate::config::{Compiled, CompiledOrigin, Config, ConfigError};
 use crate::db::{Db, PoolSettings};
+use crate::fleet::Fleet;
 use crate::gate::Filter;
 use crate::gate::admit::Admit;
-use crate::metrics::Metrics;
+use crate::metrics::{FleetMetrics, Metrics};
 use crate::origin::client::Upstream;
 use crate::origin::{Origin, SqlOrigin, UpstreamOrigin};
 use crate::pipeline::budget::Budget;
 use crate::pipeline::write_through::WriteThrough;
 use crate::pipeline::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
 use crate::server::{self, Handler, ServeOptions};
+
+/// Local changes waiting for the fleet's appender; past this, a change is dropped
+/// (counted) rather than making a request wait.
+const OUTBOX_CHANNEL: usize = 65_536;
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +51,9 @@ pub enum AppError {
     /// The database pool could not be configured (bad URL).
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
+    /// Fleet mode could not be set up (a Redis URL the client refuses).
+    #[error("fleet: {0}")]
+    Fleet(#[from] crate::fleet::FleetError),
     /// A route's origin needs a section the compiled config lacks.
     #[error("route {route}: its origin needs [{section}]")]
     MissingSection {
@@ -69,6 +77,7 @@ pub struct App {
     admin_handler: Arc<Admin>,
     filters: Vec<Arc<Filter>>,
     db: Option<Db>,
+    fleet: Option<Arc<Fleet>>,
 }
 
 struct DataPlane(Arc<Proxy>);
@@ -197,13 +206,39 @@ impl App {
             });
         }
         let cache = Arc::new(ResponseCache::new(&config.cache, has_variants));
-        let admit = Arc::new(Admit::new(
+        let mut admit = Admit::new(
             Arc::clone(&cache),
             routes
                 .iter()
                 .map(|r| (Arc::from(r.filter.name()), r.id))
                 .collect(),
-        ));
+        );
+        let mut fleet_parts = None;
+        if let Some(fleet) = &config.fleet {
+            let fleet_metrics = FleetMetrics::register(&registry)?;
+            let (tx, rx) = tokio::sync::mpsc::channel(OUTBOX_CHANNEL);
+            let dropped = fleet_metrics.clone();
+            admit = admit.with_outbox(tx, move |n| dropped.entries("dropped", n));
+            fleet_parts = Some((fleet.clone(), rx, fleet_metrics));
+        }
+        let admit = Arc::new(admit);
+        let fleet = match (fleet_parts, &db) {
+            (Some((settings, rx, fleet_metrics)), Some(db)) => Some(Arc::new(Fleet::new(
+                settings,
+                &filters,
+                Arc::clone(&admit),
+                db.clone(),
+                rx,
+                fleet_metrics,
+            )?)),
+            (Some(_), None) => {
+                return Err(AppError::MissingSection {
+                    route: "fleet".into(),
+                    section: "database",
+                });
+            }
+            (None, _) => None,
+        };
         let write_through = compiled_write_through
             .into_iter()
             .map(|rule| {
@@ -246,6 +281,7 @@ impl App {
             registry,
             metrics,
             token: config.admin.token.clone(),
+            fleet: fleet.clone(),
         });
         let data = bind(config.server.listen).await?;
         let admin = bind(config.admin.listen).await?;
@@ -258,6 +294,7 @@ impl App {
             admin_handler,
             filters,
             db,
+            fleet,
         })
     }
 
@@ -290,7 +327,10 @@ impl App {
         };
         // Join sets abort their tasks when dropped, with this future.
         let mut loaders = JoinSet::new();
-        if let Some(db) = &self.db {
+        if let Some(fleet) = &self.fleet {
+            // The fleet decides, per filter, whether this instance builds and syncs.
+            loaders.spawn(Arc::clone(fleet).run());
+        } else if let Some(db) = &self.db {
             for filter in &self.filters {
                 loaders.spawn(Arc::clone(filter).run_loader(db.clone()));
                 loaders.spawn(crate::gate::sync::run(
@@ -325,6 +365,10 @@ impl App {
             if let Err(e) = done {
                 tracing::error!(error = %e, "server task failed");
             }
+        }
+        if let Some(fleet) = &self.fleet {
+            // Another instance takes over at once instead of after the lease expires.
+            fleet.release_leases().await;
         }
         loaders.shutdown().await;
         if let Some(db) = self.db {

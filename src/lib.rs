@@ -45,6 +45,7 @@ pub mod cache;
 pub mod config;
 pub mod db;
 pub mod filter;
+pub mod fleet;
 pub mod gate;
 pub mod key;
 pub mod metrics;

@@ -275,6 +275,26 @@ pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
     decode(&bytes)
 }
 
+/// The snapshot of `filter` in memory, in the same format as a file: for publishing it
+/// elsewhere than on a disk.
+pub fn encode(filter: &BloomFilter, watermark: Option<Watermark>) -> Vec<u8> {
+    let header = Header::of(filter, watermark, SystemTime::now());
+    let mut out = Vec::with_capacity(HEADER_LEN + filter.word_count() * 8 + CHECKSUM_LEN);
+    // Writing into a `Vec` cannot fail.
+    let _ = write_contents(&mut out, &header, filter);
+    out
+}
+
+/// Verifies a snapshot held in memory (see [`encode`]) and rebuilds its filter, with the
+/// same checks in the same order as [`read`].
+///
+/// # Errors
+///
+/// The first check that failed, in the order of the module docs.
+pub fn decode_bytes(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+    decode(bytes)
+}
+
 /// Reads and verifies the snapshot at `path` and describes it; see [`SnapshotSummary`].
 ///
 /// # Errors
@@ -468,7 +488,7 @@ impl Fields<'_> {
 
 /// Writes header, words and checksum to `file` in [`CHUNK`]-sized pieces. Returns the
 /// number of bytes written.
-fn write_contents(file: &mut File, header: &Header, filter: &BloomFilter) -> io::Result<u64> {
+fn write_contents(file: &mut impl Write, header: &Header, filter: &BloomFilter) -> io::Result<u64> {
     let mut buf = Vec::with_capacity(CHUNK + HEADER_LEN);
     let mut crc = crc32fast::Hasher::new();
     let mut written = 0u64;

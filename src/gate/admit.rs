@@ -1,12 +1,17 @@
 //! Admission: the one path by which a key becomes present between builds. Sync,
 //! write-through and the admin API all call [`Admit::admit`]; nothing else adds keys to a
-//! live filter or drops a key's cache entries because it now exists. An admission sent
-//! across a fleet of instances belongs here too.
+//! live filter or drops a key's cache entries because it now exists. In fleet mode each
+//! local admission and invalidation is also handed to the fleet's outbox, which appends
+//! it to the change stream; what other instances appended comes back through
+//! [`Admit::apply`], which applies it here and sends nothing on.
 
 use std::sync::Arc;
 
+use tokio::sync::mpsc;
+
 use super::Filter;
 use crate::cache::ResponseCache;
+use crate::fleet::change::{Change, MAX_KEYS_PER_ENTRY};
 use crate::key::OwnedKey;
 
 /// What an admission drops from the response cache.
@@ -24,12 +29,51 @@ pub struct Admit {
     cache: Arc<ResponseCache>,
     /// `(filter name, route id)` for every guarded route.
     routes: Vec<(Arc<str>, u16)>,
+    /// In fleet mode, where local changes go to be appended to the change stream.
+    outbox: Option<mpsc::Sender<Change>>,
+    /// Called with the number of changes the outbox had no room for.
+    on_dropped: Option<Box<dyn Fn(u64) + Send + Sync>>,
 }
 
 impl Admit {
     /// `routes` names the filter of each guarded route, by route id.
     pub fn new(cache: Arc<ResponseCache>, routes: Vec<(Arc<str>, u16)>) -> Admit {
-        Admit { cache, routes }
+        Admit {
+            cache,
+            routes,
+            outbox: None,
+            on_dropped: None,
+        }
+    }
+
+    /// Hands every local change to `outbox` from now on (fleet mode); `on_dropped` is
+    /// told how many changes found it full.
+    pub fn with_outbox(
+        mut self,
+        outbox: mpsc::Sender<Change>,
+        on_dropped: impl Fn(u64) + Send + Sync + 'static,
+    ) -> Admit {
+        self.outbox = Some(outbox);
+        self.on_dropped = Some(Box::new(on_dropped));
+        self
+    }
+
+    /// Sends a local change on to the fleet, in entries of bounded size. Never waits:
+    /// a full outbox drops the change, counted (the other instances then learn of the
+    /// key from the builder's sync, or not until their next generation).
+    fn send(&self, change: impl Fn(Vec<OwnedKey>) -> Change, keys: &[OwnedKey]) {
+        let Some(outbox) = &self.outbox else { return };
+        for part in keys.chunks(MAX_KEYS_PER_ENTRY) {
+            if outbox.try_send(change(part.to_vec())).is_err() {
+                tracing::warn!(
+                    keys = part.len(),
+                    "fleet outbox is full; a change was not sent to the other instances"
+                );
+                if let Some(dropped) = &self.on_dropped {
+                    dropped(1);
+                }
+            }
+        }
     }
 
     /// The route ids guarded by the filter `name` (every route when `None`).
@@ -46,6 +90,37 @@ impl Admit {
     /// outlives the admission (see [`Filter::fence`]). Returns how many keys went into a
     /// loaded filter; the others are added when the first load is.
     pub async fn admit(&self, filter: &Filter, keys: &[OwnedKey], forget: Forget) -> usize {
+        let loaded = self.admit_here(filter, keys, forget).await;
+        if !keys.is_empty() {
+            let name: Arc<str> = Arc::from(filter.name());
+            self.send(
+                |keys| Change::Admit {
+                    filter: Arc::clone(&name),
+                    keys,
+                    forget,
+                },
+                keys,
+            );
+        }
+        loaded
+    }
+
+    /// Applies a change another instance made (read from the change stream) to
+    /// `filter`, sending nothing on.
+    pub async fn apply(&self, filter: &Filter, change: &Change) {
+        match change {
+            Change::Admit { keys, forget, .. } => {
+                self.admit_here(filter, keys, *forget).await;
+            }
+            Change::Invalidate { keys, .. } => {
+                for key in keys {
+                    self.invalidate_here(Some(filter.name()), key).await;
+                }
+            }
+        }
+    }
+
+    async fn admit_here(&self, filter: &Filter, keys: &[OwnedKey], forget: Forget) -> usize {
         let mut loaded = 0;
         for key in keys {
             loaded += usize::from(filter.add_key(&key.as_norm()));
@@ -63,7 +138,22 @@ impl Admit {
 
     /// Drops cached entries (positive and negative) for a key on every route guarded by
     /// the filter `name` (or on every route when `name` is `None`), leaving the filter as it is.
+    /// In fleet mode, every instance does the same (when `name` is given).
     pub async fn invalidate(&self, name: Option<&str>, key: &OwnedKey) {
+        self.invalidate_here(name, key).await;
+        if let Some(name) = name {
+            let name: Arc<str> = Arc::from(name);
+            self.send(
+                |keys| Change::Invalidate {
+                    filter: Arc::clone(&name),
+                    keys,
+                },
+                std::slice::from_ref(key),
+            );
+        }
+    }
+
+    async fn invalidate_here(&self, name: Option<&str>, key: &OwnedKey) {
         for route in self.routes_of(name) {
             self.cache.invalidate(route, key).await;
         }

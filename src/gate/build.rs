@@ -20,7 +20,7 @@ use crate::config::{FilterConfig, Normalize, WatermarkKind};
 use crate::db::Db;
 use crate::filter::snapshot;
 use crate::filter::{BloomFilter, BloomParams};
-use crate::key::{KeyBytes, normalize};
+use crate::key::{KeyBytes, OwnedKey, normalize};
 use crate::watermark::Watermark;
 
 /// Why a build failed.
@@ -65,22 +65,86 @@ impl Filter {
             }
         }
         loop {
-            let reason = match self.config.rebuild_interval {
-                Some(every) => tokio::select! {
-                    _ = self.rebuild.notified() => *lock(&self.rebuild_reason),
-                    _ = tokio::time::sleep(every) => RebuildReason::Scheduled,
-                },
-                None => {
-                    self.rebuild.notified().await;
-                    *lock(&self.rebuild_reason)
-                }
-            };
+            let reason = self.next_rebuild().await;
             tracing::info!(filter = %self.name, reason = reason.as_str(), "rebuilding; the current filter keeps serving");
             if let Err(e) = self.build_once(&db, reason).await {
                 tracing::error!(filter = %self.name, error = %e, reason = reason.as_str(),
                     "rebuild failed; the previous filter keeps serving");
             }
         }
+    }
+
+    /// Waits until a rebuild is due: asked for (by the admin API or a capacity
+    /// crossing), or `rebuild_interval` after this call. Returns why.
+    pub async fn next_rebuild(&self) -> RebuildReason {
+        match self.config.rebuild_interval {
+            Some(every) => tokio::select! {
+                _ = self.rebuild.notified() => *lock(&self.rebuild_reason),
+                _ = tokio::time::sleep(every) => RebuildReason::Scheduled,
+            },
+            None => {
+                self.rebuild.notified().await;
+                *lock(&self.rebuild_reason)
+            }
+        }
+    }
+
+    /// Swaps in a filter built elsewhere (a fleet's shared generation), after adding
+    /// `replay` (keys admitted since that filter's build started) and every key this
+    /// instance admitted that no build has confirmed. Admitted keys the new filter
+    /// already holds are confirmed: the filter it came from carries them on. `watermark`
+    /// is where sync resumes if this instance syncs later.
+    pub fn install(
+        &self,
+        filter: BloomFilter,
+        watermark: Option<Watermark>,
+        replay: &[OwnedKey],
+        reason: RebuildReason,
+    ) {
+        let started = Instant::now();
+        let p = filter.params();
+        self.target_capacity
+            .fetch_max(p.expected_items, Ordering::AcqRel);
+        {
+            let mut admissions = lock(&self.admissions);
+            let membership = Membership::Local(filter);
+            admissions.confirm_held(&membership);
+            let mut bytes = KeyBytes::new();
+            for key in replay {
+                membership.insert(bytes.of(&key.as_norm()));
+            }
+            admissions.replay(&membership);
+            self.metrics.set_unconfirmed(admissions.len());
+            self.live.store(Some(Arc::new(membership)));
+        }
+        if let Some(w) = watermark {
+            self.advance_watermark(w);
+        }
+        self.capacity_warned.store(false, Ordering::Relaxed);
+        self.metrics.set_built_at(unix_now());
+        self.metrics.set_ready(true);
+        let now = unix_now();
+        self.update_status(|s| {
+            *s = LoadStatus {
+                result: LoadResult::Ok,
+                origin: Some(LoadOrigin::Fleet),
+                reason: Some(reason),
+                finished_at: Some(now),
+                duration_ms: Some(started.elapsed().as_millis() as u64),
+                ..LoadStatus::default()
+            }
+        });
+        self.publish_metrics();
+        self.watch_capacity();
+    }
+
+    /// The live filter as snapshot bytes, with the watermark sync resumes from; `None`
+    /// before the first load.
+    pub fn encode_live(&self) -> Option<(Vec<u8>, Option<Watermark>, u64)> {
+        let live = self.live.load_full()?;
+        let mark = self.watermark().map(|m| self.sync_restart_mark(m));
+        let Membership::Local(f) = &*live;
+        Some((snapshot::encode(f, mark), mark, f.items()))
     }
 
     /// Loads the snapshot at `path` if it is valid and matches the config. Returns
@@ -163,7 +227,12 @@ impl Filter {
 
     /// Builds a fresh filter from the source query and swaps it in. On failure the
     /// current filter (if any) stays.
-    pub async fn build_once(&self, db: &Db, reason: RebuildReason) -> Result<(), LoadError> {
+    /// Returns the watermark sync resumes from after this build (`None` without sync).
+    pub async fn build_once(
+        &self,
+        db: &Db,
+        reason: RebuildReason,
+    ) -> Result<Option<Watermark>, LoadError> {
         let started = Instant::now();
         self.update_status(|s| s.loading = true);
         let result = self.build_inner(db).await;
@@ -212,9 +281,9 @@ impl Filter {
         self.publish_metrics();
         let (_, start_mark) = result?;
         // A restart resumes from the snapshot's mark: never above an open gap.
-        self.write_snapshot(start_mark.map(|m| self.sync_restart_mark(m)))
-            .await;
-        Ok(())
+        let mark = start_mark.map(|m| self.sync_restart_mark(m));
+        self.write_snapshot(mark).await;
+        Ok(mark)
     }
 
     /// Returns ((rows, skipped), the watermark sync may resume from).

@@ -92,6 +92,8 @@ pub enum LoadOrigin {
     Source,
     /// The snapshot file, at start-up.
     Snapshot,
+    /// A generation published by the fleet's builder.
+    Fleet,
 }
 
 /// Why a rebuild was asked for; serialised as [`RebuildReason::as_str`].
@@ -106,6 +108,8 @@ pub enum RebuildReason {
     Scheduled,
     /// Items exceeded capacity.
     Capacity,
+    /// The fleet's builder published a generation.
+    Published,
 }
 
 impl RebuildReason {
@@ -116,6 +120,7 @@ impl RebuildReason {
             RebuildReason::Requested => "requested",
             RebuildReason::Scheduled => "scheduled",
             RebuildReason::Capacity => "capacity",
+            RebuildReason::Published => "published",
         }
     }
 }
@@ -485,6 +490,12 @@ impl Admissions {
     /// A copy of the keys, for a build to look for in its source.
     fn snapshot(&self) -> HashSet<Box<[u8]>> {
         self.keys.clone()
+    }
+
+    /// Forgets the keys `filter` already holds (a filter built elsewhere that carries them).
+    fn confirm_held(&mut self, filter: &Membership) {
+        self.keys
+            .retain(|k| !matches!(filter.probe(k), membership::Probe::Ready(true)));
     }
 
     /// Forgets the keys a build's source listed.

@@ -4,6 +4,7 @@
 //! serve `/metrics` (see `admin`).
 
 mod filter;
+mod fleet;
 mod route;
 
 use prometheus::core::Collector;
@@ -12,6 +13,7 @@ use prometheus::{
 };
 
 pub use filter::{FilterFamilies, FilterMetrics};
+pub use fleet::FleetMetrics;
 pub use route::{RouteFamilies, RouteMetrics};
 
 /// Histogram buckets for request latency: from 50 µs (an intercepted request) to 10 s.

@@ -36,6 +36,7 @@ pub struct TestConfig {
     sync: Option<Vec<String>>,
     routes: Vec<TestRoute>,
     write_through: Vec<Vec<String>>,
+    fleet: Vec<String>,
 }
 
 impl TestConfig {
@@ -56,6 +57,7 @@ impl TestConfig {
             sync: None,
             routes: Vec::new(),
             write_through: Vec::new(),
+            fleet: Vec::new(),
         }
     }
 
@@ -140,6 +142,12 @@ impl TestConfig {
     }
 
     /// Sets the sync `query`, e.g. [`SYNC_QUERY`] (the sync table exists once this is called).
+    /// Adds a line to `[fleet]` (the section is written once it has a line).
+    pub fn fleet(mut self, line: impl Into<String>) -> Self {
+        self.fleet.push(line.into());
+        self
+    }
+
     pub fn sync_query(self, sql: &str) -> Self {
         let line = format!("query = {}", quoted(sql));
         self.sync(line)
@@ -204,6 +212,9 @@ impl TestConfig {
         }
         for table in &self.write_through {
             section("[[write_through]]", table);
+        }
+        if !self.fleet.is_empty() {
+            section("[fleet]", &self.fleet);
         }
         out
     }

@@ -1,0 +1,325 @@
+//! Shared generations: a builder publishes its filter as snapshot bytes (the versioned,
+//! checksummed snapshot format) in chunks under a new generation number, then flips the
+//! filter's `current` hash to it in one script that also checks the builder's lease, sets
+//! the superseded generation to expire after the grace period, and announces the new
+//! one on the change stream. Followers read `current`, fetch the chunks, verify them and
+//! judge whether the filter is plausible before it is swapped in.
+//!
+//! Key names are built inside the publishing script from a prefix, so a fleet needs a
+//! single Redis server (or a primary with replicas), not Redis Cluster.
+
+use std::collections::HashMap;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+
+use super::keys::Keys;
+use super::lease::Lease;
+use super::stream::StreamPos;
+use crate::config::FilterConfig;
+use crate::filter::snapshot::{self, Snapshot, SnapshotError};
+use crate::key::{KeyBytes, OwnedKey};
+
+/// What `current` says about the generation it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Current {
+    /// The generation number.
+    pub generation: u64,
+    /// How many chunks hold it.
+    pub chunks: u64,
+    /// Their total length.
+    pub bytes: u64,
+    /// The item count its builder recorded.
+    pub items: u64,
+    /// The change stream position at which its build started: entries after it are
+    /// replayed on top of it.
+    pub start: StreamPos,
+    /// The instance that published it.
+    pub by: String,
+    /// When it was published, in Unix milliseconds.
+    pub at_ms: u64,
+}
+
+/// Why a generation could not be published or was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerationError {
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// This instance no longer holds the lease: it must not publish.
+    #[error("the builder lease was lost before publishing")]
+    Fenced,
+    /// A chunk expired before the flip (the upload took longer than its expiry).
+    #[error("a chunk of the new generation vanished before it was made current")]
+    ChunkMissing,
+    /// `current` holds a field that cannot be read.
+    #[error("current generation record is malformed: {0}")]
+    BadRecord(&'static str),
+    /// A chunk is missing or the chunks do not add up to the recorded length.
+    #[error("generation {generation} is truncated: {actual} of {expected} bytes")]
+    Truncated {
+        /// The generation.
+        generation: u64,
+        /// The recorded length.
+        expected: u64,
+        /// What was found.
+        actual: u64,
+    },
+    /// The bytes are not a valid snapshot (checksum, header, layout).
+    #[error("generation is not a valid snapshot: {0}")]
+    Snapshot(#[from] SnapshotError),
+    /// A valid snapshot that cannot be the fleet's filter.
+    #[error("generation is implausible: {0}")]
+    Implausible(String),
+}
+
+const PUBLISH: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local prefix = ARGV[10]
+for i = 0, tonumber(ARGV[3]) - 1 do
+  if redis.call('PERSIST', prefix .. ARGV[2] .. ':' .. i) == 0 and redis.call('EXISTS', prefix .. ARGV[2] .. ':' .. i) == 0 then
+    return -1
+  end
+end
+local old = redis.call('HMGET', KEYS[2], 'gen', 'chunks')
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'gen', ARGV[2], 'chunks', ARGV[3], 'bytes', ARGV[4], 'items', ARGV[5],
+  'start', ARGV[6], 'by', ARGV[7], 'at', ARGV[8])
+if old[1] and old[1] ~= ARGV[2] and old[2] then
+  for i = 0, tonumber(old[2]) - 1 do
+    redis.call('PEXPIRE', prefix .. old[1] .. ':' .. i, ARGV[9])
+  end
+end
+redis.call('XADD', KEYS[3], '*', 'op', 'gen', 'f', ARGV[11], 'g', ARGV[2], 'src', ARGV[7])
+return 1
+";
+
+/// What publishing needs to know besides the bytes.
+pub struct Publication<'a> {
+    /// The filter's name.
+    pub filter: &'a str,
+    /// The lease the publisher holds.
+    pub lease: &'a Lease,
+    /// The snapshot bytes.
+    pub bytes: &'a [u8],
+    /// Its item count.
+    pub items: u64,
+    /// The stream position at which its build started.
+    pub start: StreamPos,
+    /// The publishing instance.
+    pub instance: &'a str,
+    /// Bytes per chunk.
+    pub chunk_bytes: usize,
+    /// How long the superseded generation stays readable.
+    pub grace_ms: u64,
+    /// How long uploaded chunks live if they are never made current.
+    pub upload_ttl_ms: u64,
+}
+
+/// Uploads and flips a generation; returns its number.
+pub async fn publish(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    p: Publication<'_>,
+) -> Result<Current, GenerationError> {
+    let generation: u64 = redis::cmd("INCR")
+        .arg(keys.generation_seq(p.filter))
+        .query_async(conn)
+        .await?;
+    let chunk_bytes = p.chunk_bytes.max(1);
+    let mut chunks = 0u64;
+    // Uploaded a few chunks per round trip, so one large reply never holds the link.
+    for group in p
+        .bytes
+        .chunks(chunk_bytes * 8)
+        .map(|g| g.chunks(chunk_bytes))
+    {
+        let mut pipe = redis::pipe();
+        for chunk in group {
+            pipe.cmd("SET")
+                .arg(keys.chunk(p.filter, generation, chunks))
+                .arg(chunk)
+                .arg("PX")
+                .arg(p.upload_ttl_ms)
+                .ignore();
+            chunks += 1;
+        }
+        pipe.query_async::<()>(conn).await?;
+    }
+    let at_ms = unix_ms();
+    let flipped: i64 = Script::new(PUBLISH)
+        .key(keys.lease(p.filter))
+        .key(keys.current(p.filter))
+        .key(keys.stream())
+        .arg(&p.lease.value)
+        .arg(generation)
+        .arg(chunks)
+        .arg(p.bytes.len() as u64)
+        .arg(p.items)
+        .arg(p.start.to_string())
+        .arg(p.instance)
+        .arg(at_ms)
+        .arg(p.grace_ms)
+        .arg(keys.chunk_prefix(p.filter))
+        .arg(p.filter)
+        .invoke_async(conn)
+        .await?;
+    match flipped {
+        1 => Ok(Current {
+            generation,
+            chunks,
+            bytes: p.bytes.len() as u64,
+            items: p.items,
+            start: p.start,
+            by: p.instance.to_owned(),
+            at_ms,
+        }),
+        0 => Err(GenerationError::Fenced),
+        _ => Err(GenerationError::ChunkMissing),
+    }
+}
+
+/// Reads `current` of `filter`; `None` when no generation was published.
+pub async fn current(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    filter: &str,
+) -> Result<Option<Current>, GenerationError> {
+    let fields: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.current(filter))
+        .query_async(conn)
+        .await?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let num = |name: &'static str| -> Result<u64, GenerationError> {
+        fields
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .ok_or(GenerationError::BadRecord(name))
+    };
+    Ok(Some(Current {
+        generation: num("gen")?,
+        chunks: num("chunks")?,
+        bytes: num("bytes")?,
+        items: num("items")?,
+        start: fields
+            .get("start")
+            .and_then(|s| s.parse().ok())
+            .ok_or(GenerationError::BadRecord("start"))?,
+        by: fields.get("by").cloned().unwrap_or_default(),
+        at_ms: num("at")?,
+    }))
+}
+
+/// Fetches the chunks of `current` and verifies them as a snapshot.
+pub async fn fetch(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    filter: &str,
+    current: &Current,
+) -> Result<Snapshot, GenerationError> {
+    let truncated = |actual: u64| GenerationError::Truncated {
+        generation: current.generation,
+        expected: current.bytes,
+        actual,
+    };
+    // Checked before anything is allocated from it: `current` is read from Redis.
+    if current.bytes > crate::filter::MAX_BITS / 8 + 4096 || current.chunks > current.bytes.max(1) {
+        return Err(GenerationError::BadRecord("bytes"));
+    }
+    let mut bytes = Vec::with_capacity(current.bytes as usize);
+    let mut next = 0u64;
+    while next < current.chunks {
+        let last = (next + 8).min(current.chunks);
+        let names: Vec<String> = (next..last)
+            .map(|i| keys.chunk(filter, current.generation, i))
+            .collect();
+        let parts: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(&names).query_async(conn).await?;
+        for part in parts {
+            let Some(part) = part else {
+                return Err(truncated(bytes.len() as u64));
+            };
+            if bytes.len() as u64 + part.len() as u64 > current.bytes {
+                return Err(truncated(bytes.len() as u64 + part.len() as u64));
+            }
+            bytes.extend_from_slice(&part);
+        }
+        next = last;
+    }
+    if bytes.len() as u64 != current.bytes {
+        return Err(truncated(bytes.len() as u64));
+    }
+    let snap = tokio::task::spawn_blocking(move || snapshot::decode_bytes(&bytes))
+        .await
+        .map_err(|e| GenerationError::Implausible(format!("decoder task failed: {e}")))??;
+    Ok(snap)
+}
+
+/// Judges whether a verified snapshot can be the fleet's filter for `config`: its
+/// parameters, its item count against the record and against the filter this instance
+/// serves (`live_items`), a fill that matches that count (an all-zero bit array claiming
+/// items is refused), and every key in `recent` that was admitted at or before the
+/// generation's start (so its builder had it) present in it.
+pub fn judge(
+    snap: &Snapshot,
+    current: &Current,
+    config: &FilterConfig,
+    live_items: Option<u64>,
+    recent: &[(StreamPos, OwnedKey)],
+) -> Result<(), GenerationError> {
+    let bad = |why: String| Err(GenerationError::Implausible(why));
+    let p = snap.filter.params();
+    if (p.false_positive_rate - config.false_positive_rate).abs() > 1e-12 {
+        return bad(format!(
+            "false-positive rate {} where the config says {}",
+            p.false_positive_rate, config.false_positive_rate
+        ));
+    }
+    if p.expected_items < config.expected_items {
+        return bad(format!(
+            "capacity {} below the configured {}",
+            p.expected_items, config.expected_items
+        ));
+    }
+    let stats = snap.filter.stats();
+    if stats.items != current.items {
+        return bad(format!(
+            "{} items in the snapshot, {} in the record",
+            stats.items, current.items
+        ));
+    }
+    if let Some(live) = live_items
+        && stats.items < live / 2
+    {
+        return bad(format!(
+            "{} items, less than half of the {live} this instance holds",
+            stats.items
+        ));
+    }
+    // A Bloom filter holding n keys has about 1 - e^(-kn/m) of its bits set; an
+    // honest one is never far below that.
+    let expected_fill = 1.0 - (-(f64::from(p.hashes) * stats.items as f64) / p.bits as f64).exp();
+    if stats.fill_ratio < expected_fill * 0.5 {
+        return bad(format!(
+            "{:.4} of its bits set where {} items set about {:.4}",
+            stats.fill_ratio, stats.items, expected_fill
+        ));
+    }
+    let mut bytes = KeyBytes::new();
+    for (at, key) in recent {
+        if *at <= current.start && !snap.filter.contains(bytes.of(&key.as_norm())) {
+            return bad(format!("key {key}, admitted at {at}, is missing"));
+        }
+    }
+    Ok(())
+}
+
+/// The time now in Unix milliseconds.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,373 @@
+//! Fleet mode: several instances that share one truth through Redis. Per filter, one
+//! instance (the builder, holding a lease) scans the database, syncs it, and publishes
+//! each filter it builds as a shared generation; the others (followers) load the current
+//! generation and never scan. Every admission and invalidation, on any instance, goes
+//! through the change stream that every instance applies. When Redis is unreachable,
+//! each instance goes on alone (its own sync; its own build if it has no filter) and
+//! rejoins when Redis is back. Lookups stay local: no request waits on Redis.
+//!
+//! `keys` names every key, `lease` the builder lease, `generation` the shared
+//! snapshots, `stream` the change stream, `change` its entries, `run` the loops.
+
+pub mod change;
+pub mod generation;
+pub mod keys;
+pub mod lease;
+mod run;
+pub mod stream;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, mpsc};
+
+use crate::config::FleetConfig;
+use crate::db::Db;
+use crate::gate::Filter;
+use crate::gate::admit::Admit;
+use crate::key::OwnedKey;
+use crate::metrics::FleetMetrics;
+use change::{Change, Entry};
+use generation::Current;
+use keys::Keys;
+use lease::Lease;
+use stream::{Fields, StreamPos};
+
+/// Recently applied keys remembered per filter, to check generations against.
+const RECENT_KEYS: usize = 256;
+
+/// Why fleet mode could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// The Redis URL or client settings were refused.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// What this instance is for one filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// It holds the lease: it builds, syncs and publishes.
+    Builder,
+    /// It loads what the builder publishes.
+    Follower,
+    /// Redis is unreachable: it syncs on its own (and builds if it has no filter).
+    Standalone,
+}
+
+impl Role {
+    /// Label for metrics and the admin API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Builder => "builder",
+            Role::Follower => "follower",
+            Role::Standalone => "standalone",
+        }
+    }
+}
+
+/// The fleet state of one filter on this instance.
+pub struct Member {
+    name: Arc<str>,
+    filter: Arc<Filter>,
+    /// Woken when the stream announces a generation of this filter.
+    announced: Notify,
+    status: Mutex<MemberStatus>,
+    /// Keys applied from the stream, with their positions (newest last).
+    recent: Mutex<VecDeque<(StreamPos, OwnedKey)>>,
+}
+
+#[derive(Debug, Clone)]
+struct MemberStatus {
+    role: Role,
+    lease: Option<Lease>,
+    holder: Option<String>,
+    /// The generation this instance serves (loaded or published).
+    serving: Option<Current>,
+    /// The generation Redis names current, as last read.
+    current: Option<Current>,
+    /// Why the last generation was refused.
+    refused: Option<String>,
+    /// Load the current generation even if it is not newer (entries were trimmed away).
+    force_reload: bool,
+}
+
+/// One instance's membership in a fleet.
+pub struct Fleet {
+    config: FleetConfig,
+    instance: Arc<str>,
+    keys: Keys,
+    /// Commands (leases, generations, appends).
+    conn: ConnectionManager,
+    /// Blocking stream reads only.
+    reader: ConnectionManager,
+    members: BTreeMap<String, Arc<Member>>,
+    admit: Arc<Admit>,
+    db: Db,
+    position: Mutex<StreamPos>,
+    token: Mutex<Option<String>>,
+    redis_up: AtomicBool,
+    /// Woken when Redis goes away, comes back, or is found reset.
+    changed: Notify,
+    /// The highest lease epoch seen per filter, to notice a Redis that went back in time.
+    resets: AtomicU64,
+    metrics: FleetMetrics,
+    outbox: Mutex<Option<mpsc::Receiver<Change>>>,
+}
+
+impl Fleet {
+    /// Sets up fleet mode for `filters`; connects lazily (nothing fails here because
+    /// Redis is down). `outbox` is the receiving end of the channel given to [`Admit`].
+    pub fn new(
+        config: FleetConfig,
+        filters: &[Arc<Filter>],
+        admit: Arc<Admit>,
+        db: Db,
+        outbox: mpsc::Receiver<Change>,
+        metrics: FleetMetrics,
+    ) -> Result<Fleet, FleetError> {
+        let client = redis::Client::open(config.redis_url.as_str())?;
+        let settings = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.command_timeout))
+            .set_response_timeout(Some(config.command_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(config.retry_interval);
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone())?;
+        // A blocked read waits up to a second for entries, plus the usual timeout.
+        let reader = ConnectionManager::new_lazy_with_config(
+            client,
+            settings.set_response_timeout(Some(
+                config.command_timeout + std::time::Duration::from_secs(1),
+            )),
+        )?;
+        let instance: Arc<str> = Arc::from(
+            config
+                .instance_id
+                .clone()
+                .unwrap_or_else(default_instance_id)
+                .as_str(),
+        );
+        let members = filters
+            .iter()
+            .map(|f| {
+                metrics.set_role(f.name(), Role::Follower.as_str());
+                (
+                    f.name().to_owned(),
+                    Arc::new(Member {
+                        name: Arc::from(f.name()),
+                        filter: Arc::clone(f),
+                        announced: Notify::new(),
+                        status: Mutex::new(MemberStatus {
+                            role: Role::Follower,
+                            lease: None,
+                            holder: None,
+                            serving: None,
+                            current: None,
+                            refused: None,
+                            force_reload: false,
+                        }),
+                        recent: Mutex::new(VecDeque::new()),
+                    }),
+                )
+            })
+            .collect();
+        metrics.set_redis_up(false);
+        Ok(Fleet {
+            keys: Keys::new(&config.namespace),
+            config,
+            instance,
+            conn,
+            reader,
+            members,
+            admit,
+            db,
+            position: Mutex::new(StreamPos::default()),
+            token: Mutex::new(None),
+            redis_up: AtomicBool::new(false),
+            changed: Notify::new(),
+            resets: AtomicU64::new(0),
+            metrics,
+            outbox: Mutex::new(Some(outbox)),
+        })
+    }
+
+    /// This instance's id.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Whether Redis answered the last check.
+    pub fn redis_up(&self) -> bool {
+        self.redis_up.load(Ordering::Acquire)
+    }
+
+    /// How far this instance has applied the change stream.
+    pub fn position(&self) -> StreamPos {
+        *lock(&self.position)
+    }
+
+    /// Moves the position from `from` to `to`, unless it was reset meanwhile.
+    fn advance_position(&self, from: StreamPos, to: StreamPos) {
+        let mut p = lock(&self.position);
+        if *p >= from && to > *p {
+            *p = to;
+        }
+    }
+
+    /// Records a failed Redis call: Redis counts as down until the next good check.
+    fn redis_failed(&self, what: &str, e: &redis::RedisError) {
+        if self.redis_up.swap(false, Ordering::AcqRel) {
+            tracing::warn!(during = what, error = %e, "lost the fleet's Redis; each filter goes on alone until it is back");
+            self.metrics.set_redis_up(false);
+            self.changed.notify_waiters();
+        } else {
+            tracing::debug!(during = what, error = %e, "fleet Redis call failed");
+        }
+    }
+
+    /// Applies one stream entry read at `at`.
+    async fn apply_entry(&self, at: StreamPos, fields: &Fields) {
+        match self.decode(fields) {
+            Ok((Entry::Change(change), _src)) => {
+                let Some(member) = self.members.get(change.filter()) else {
+                    return;
+                };
+                self.admit.apply(&member.filter, &change).await;
+                if let Change::Admit { keys, .. } = &change {
+                    let mut recent = lock(&member.recent);
+                    for k in keys.iter().rev().take(RECENT_KEYS).rev() {
+                        if recent.len() == RECENT_KEYS {
+                            recent.pop_front();
+                        }
+                        recent.push_back((at, k.clone()));
+                    }
+                }
+                self.metrics.entries("applied", 1);
+            }
+            Ok((Entry::Generation { filter, .. }, _)) => {
+                if let Some(m) = self.members.get(&*filter) {
+                    m.announced.notify_one();
+                }
+                self.metrics.entries("applied", 1);
+            }
+            Err(e) => {
+                tracing::warn!(position = %at, error = %e, "refused a change stream entry");
+                self.metrics.entries("rejected", 1);
+            }
+        }
+    }
+
+    /// The state of every filter, for `/admin/fleet`.
+    pub fn status_json(&self) -> Value {
+        let filters: Vec<Value> = self.members.values().map(|m| self.member_json(m)).collect();
+        json!({
+            "instance": &*self.instance,
+            "namespace": self.config.namespace,
+            "redis": {
+                "url": redacted(&self.config.redis_url),
+                "up": self.redis_up(),
+                "epoch": lock(&self.token).clone(),
+                "resets_seen": self.resets.load(Ordering::Relaxed),
+            },
+            "stream": { "position": self.position().to_string() },
+            "filters": filters,
+        })
+    }
+
+    /// The fleet state of filter `name`, for `/admin/filters`.
+    pub fn filter_json(&self, name: &str) -> Option<Value> {
+        self.members.get(name).map(|m| self.member_json(m))
+    }
+
+    fn member_json(&self, m: &Member) -> Value {
+        let s = lock(&m.status).clone();
+        let gen_json = |c: &Option<Current>| {
+            c.as_ref().map(|c| {
+                json!({
+                    "generation": c.generation,
+                    "items": c.items,
+                    "bytes": c.bytes,
+                    "start": c.start.to_string(),
+                    "published_by": c.by,
+                    "published_at_ms": c.at_ms,
+                })
+            })
+        };
+        json!({
+            "name": &*m.name,
+            "role": s.role.as_str(),
+            "lease_holder": s.holder.as_deref().map(lease::holder),
+            "lease_epoch": s.lease.as_ref().map(|l| l.epoch),
+            "serving": gen_json(&s.serving),
+            "current": gen_json(&s.current),
+            "last_refusal": s.refused,
+        })
+    }
+}
+
+/// The URL without its password.
+pub fn redacted(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, rest)), Some(at)) => {
+            let userinfo = &rest[..at - scheme.len() - 3];
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{}", &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The host name and a random suffix.
+fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "bloomgate".into());
+    let host: String = host
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    format!("{host}-{:08x}", rand::random::<u32>())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_in_the_url_is_never_shown() {
+        assert_eq!(
+            redacted("redis://app:s3cret@redis.internal:6379/2"),
+            "redis://app:***@redis.internal:6379/2"
+        );
+        assert_eq!(redacted("rediss://:s3cret@r:6380"), "rediss://:***@r:6380");
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redacted("redis://u:p@ss:w@rd@h:1"), "redis://u:***@h:1");
+    }
+
+    #[test]
+    fn the_default_instance_id_is_a_valid_name_and_differs_per_start() {
+        let a = default_instance_id();
+        let b = default_instance_id();
+        assert_ne!(a, b);
+        assert!(
+            a.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'),
+            "{a}"
+        );
+    }
+}

@@ -1,0 +1,539 @@
+//! The loops of fleet mode: the watcher (is Redis there, is it the Redis we knew, how
+//! far behind is this instance), and per filter a supervisor that takes, renews or gives
+//! up the builder lease, loads what the builder publishes, and falls back to standalone
+//! work while Redis is away.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::task::JoinSet;
+
+use super::generation::{self, Current, GenerationError, Publication};
+use super::lease::{self, Attempt, Lease};
+use super::stream::{self, StreamPos};
+use super::{Fleet, Member, Role, lock};
+use crate::gate::RebuildReason;
+
+impl Fleet {
+    /// Runs every fleet loop until aborted (its tasks are aborted with it).
+    pub async fn run(self: Arc<Self>) {
+        let mut tasks = JoinSet::new();
+        tasks.spawn(Arc::clone(&self).watch());
+        tasks.spawn(stream::read_loop(Arc::clone(&self), self.reader.clone()));
+        if let Some(outbox) = lock(&self.outbox).take() {
+            tasks.spawn(stream::append_loop(Arc::clone(&self), outbox));
+        }
+        for member in self.members.values() {
+            tasks.spawn(Arc::clone(&self).supervise(Arc::clone(member)));
+        }
+        while let Some(done) = tasks.join_next().await {
+            if let Err(e) = done
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "a fleet task panicked");
+            }
+        }
+    }
+
+    /// Gives up every lease this instance holds, so another instance takes over at once
+    /// rather than after the lease expires.
+    pub async fn release_leases(&self) {
+        let mut conn = self.conn.clone();
+        for m in self.members.values() {
+            let held = lock(&m.status).lease.take();
+            if let Some(l) = held {
+                match lease::release(&mut conn, &self.keys.lease(&m.name), &l).await {
+                    Ok(true) => {
+                        self.metrics.lease_change(&m.name, "released");
+                        tracing::info!(filter = %m.name, "builder lease released");
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(filter = %m.name, error = %e,
+                        "could not release the builder lease; it expires on its own"),
+                }
+            }
+        }
+    }
+
+    /// Checks Redis every `retry_interval`: reachable, same data as before (the epoch
+    /// token), stream lag, and entries trimmed past this instance's position.
+    async fn watch(self: Arc<Self>) {
+        let mut warned_policy = false;
+        loop {
+            match self.check_epoch().await {
+                Ok(reset) => {
+                    if !self.redis_up.swap(true, Ordering::AcqRel) {
+                        tracing::info!(instance = %self.instance, "fleet Redis reachable");
+                        self.metrics.set_redis_up(true);
+                        self.changed.notify_waiters();
+                    }
+                    if reset {
+                        self.on_reset();
+                    }
+                    if !warned_policy {
+                        warned_policy = true;
+                        self.check_eviction_policy().await;
+                    }
+                    if let Err(e) = self.measure_lag().await {
+                        self.redis_failed("lag check", &e);
+                    }
+                }
+                Err(e) => self.redis_failed("epoch check", &e),
+            }
+            tokio::time::sleep(self.config.retry_interval).await;
+        }
+    }
+
+    /// Reads the epoch token, setting it when absent. True when it is not the one seen
+    /// before (Redis lost its data), or a lease epoch went backwards (Redis went back to
+    /// an older copy).
+    async fn check_epoch(&self) -> redis::RedisResult<bool> {
+        let mut conn = self.conn.clone();
+        let key = self.keys.epoch();
+        let fresh = format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&fresh)
+            .arg("NX")
+            .query_async(&mut conn)
+            .await?;
+        let token: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+        let reset = {
+            let mut known = lock(&self.token);
+            let reset = matches!((&*known, &token), (Some(k), Some(t)) if k != t);
+            *known = token;
+            reset
+        };
+        let mut older = false;
+        for m in self.members.values() {
+            let held = lock(&m.status).lease.as_ref().map(|l| l.epoch);
+            if let Some(epoch) = held {
+                let fence: Option<u64> = redis::cmd("GET")
+                    .arg(self.keys.fence(&m.name))
+                    .query_async(&mut conn)
+                    .await?;
+                older |= fence.unwrap_or(0) < epoch;
+            }
+        }
+        Ok(reset || older)
+    }
+
+    /// Redis came back without the data this instance saw: nothing it held can be
+    /// trusted. Read the new stream from its start and load the next generation.
+    fn on_reset(&self) {
+        self.resets.fetch_add(1, Ordering::Relaxed);
+        self.metrics.reset();
+        tracing::warn!(instance = %self.instance,
+            "fleet Redis lost its data (restarted empty or restored from an older copy); rejoining from the next generation");
+        *lock(&self.position) = StreamPos::default();
+        for m in self.members.values() {
+            m.status.lock().map(|mut s| s.force_reload = true).ok();
+        }
+        self.changed.notify_waiters();
+    }
+
+    async fn check_eviction_policy(&self) {
+        let mut conn = self.conn.clone();
+        let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut conn)
+            .await;
+        match policy {
+            Ok(v) => {
+                if let Some(p) = v.get(1)
+                    && p != "noeviction"
+                {
+                    tracing::warn!(policy = %p,
+                        "Redis's maxmemory-policy is not noeviction: an evicted chunk or stream entry loses fleet state (set maxmemory-policy noeviction)");
+                }
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "cannot read Redis's maxmemory-policy (CONFIG may be forbidden by ACL); make sure it is noeviction")
+            }
+        }
+    }
+
+    async fn measure_lag(&self) -> redis::RedisResult<()> {
+        let mut conn = self.conn.clone();
+        let key = self.keys.stream();
+        let at = self.position();
+        let (entries, first) = stream::behind(&mut conn, &key, at, 1000).await?;
+        let seconds = first.map_or(0.0, |f| {
+            (generation::unix_ms().saturating_sub(f.ms)) as f64 / 1000.0
+        });
+        self.metrics.set_lag(entries as u64, seconds);
+        if let Some(deleted) = stream::max_deleted(&mut conn, &key).await?
+            && deleted > at
+            && at != StreamPos::default()
+        {
+            tracing::warn!(position = %at, trimmed_to = %deleted,
+                "change stream entries this instance had not read were trimmed; reloading the current generations");
+            for m in self.members.values() {
+                lock(&m.status).force_reload = true;
+                m.announced.notify_one();
+            }
+        }
+        Ok(())
+    }
+
+    /// The lifecycle of one filter on this instance.
+    async fn supervise(self: Arc<Self>, m: Arc<Member>) {
+        let mut work: JoinSet<()> = JoinSet::new();
+        let mut role = Role::Follower;
+        loop {
+            let next = if !self.redis_up() {
+                if role != Role::Standalone {
+                    work.abort_all();
+                    self.standalone(&m, &mut work);
+                }
+                Role::Standalone
+            } else {
+                match role {
+                    Role::Standalone => {
+                        work.abort_all();
+                        tracing::info!(filter = %m.name, "Redis is back; rejoining the fleet");
+                        self.follow(&m, &mut work).await
+                    }
+                    Role::Follower => self.follow(&m, &mut work).await,
+                    Role::Builder => self.keep_building(&m, &mut work).await,
+                }
+            };
+            if next != role {
+                tracing::info!(filter = %m.name, from = role.as_str(), to = next.as_str(), "fleet role changed");
+                self.metrics.set_role(&m.name, next.as_str());
+                lock(&m.status).role = next;
+                role = next;
+            }
+            let wait = match role {
+                Role::Builder => self.config.lease_renew,
+                _ => self.config.retry_interval,
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = m.announced.notified() => {}
+                _ = self.changed.notified() => {}
+            }
+        }
+    }
+
+    /// Redis is away: go on alone. Sync keeps admitting new keys; a filter that has
+    /// nothing loaded builds its own.
+    fn standalone(&self, m: &Arc<Member>, work: &mut JoinSet<()>) {
+        self.metrics.fallback();
+        lock(&m.status).lease = None;
+        tracing::warn!(filter = %m.name, ready = m.filter.is_ready(),
+            "Redis unreachable: syncing on this instance alone until it is back");
+        if !m.filter.is_ready() {
+            work.spawn(Arc::clone(&m.filter).run_loader(self.db.clone()));
+        }
+        work.spawn(crate::gate::sync::run(
+            Arc::clone(&m.filter),
+            Arc::clone(&self.admit),
+            self.db.clone(),
+        ));
+    }
+
+    /// As a follower: take the lease if it is free, else load a newer generation.
+    async fn follow(self: &Arc<Self>, m: &Arc<Member>, work: &mut JoinSet<()>) -> Role {
+        let mut conn = self.conn.clone();
+        let ttl = self.config.lease_ttl.as_millis() as u64;
+        match lease::acquire(
+            &mut conn,
+            &self.keys.lease(&m.name),
+            &self.keys.fence(&m.name),
+            &self.instance,
+            ttl,
+        )
+        .await
+        {
+            Ok(Attempt::Taken(l)) => {
+                tracing::info!(filter = %m.name, epoch = l.epoch, "took the builder lease");
+                self.metrics.lease_change(&m.name, "acquired");
+                {
+                    let mut s = lock(&m.status);
+                    s.lease = Some(l.clone());
+                    s.holder = Some(l.value.clone());
+                }
+                // Before building, catch up with what was published: a newer generation
+                // than this instance serves is the better start.
+                self.load_current(m).await;
+                work.spawn(Arc::clone(self).build(Arc::clone(m), l));
+                Role::Builder
+            }
+            Ok(Attempt::Held(holder)) => {
+                lock(&m.status).holder = Some(holder);
+                self.load_current(m).await;
+                Role::Follower
+            }
+            Err(e) => {
+                self.redis_failed("lease", &e);
+                Role::Follower
+            }
+        }
+    }
+
+    /// As the builder: renew the lease; on losing it, stop building.
+    async fn keep_building(&self, m: &Arc<Member>, work: &mut JoinSet<()>) -> Role {
+        let Some(l) = lock(&m.status).lease.clone() else {
+            work.abort_all();
+            return Role::Follower;
+        };
+        let mut conn = self.conn.clone();
+        let ttl = self.config.lease_ttl.as_millis() as u64;
+        match lease::renew(&mut conn, &self.keys.lease(&m.name), &l, ttl).await {
+            Ok(true) => {
+                if let Ok(Some(c)) = generation::current(&mut conn, &self.keys, &m.name).await {
+                    self.metrics.set_current(&m.name, c.generation, true);
+                    lock(&m.status).current = Some(c);
+                }
+                Role::Builder
+            }
+            Ok(false) => {
+                tracing::warn!(filter = %m.name, epoch = l.epoch, "lost the builder lease; following");
+                self.metrics.lease_change(&m.name, "lost");
+                work.abort_all();
+                lock(&m.status).lease = None;
+                Role::Follower
+            }
+            Err(e) => {
+                // Unknown whether it was renewed: keep building until Redis is
+                // declared down (then standalone) or the lease is seen lost.
+                self.redis_failed("lease renewal", &e);
+                Role::Builder
+            }
+        }
+    }
+
+    /// Loads the current generation if it is newer than the one served (or a reload is
+    /// forced), checks it, replays the stream since its start on top, and swaps it in.
+    async fn load_current(&self, m: &Arc<Member>) {
+        let mut conn = self.conn.clone();
+        let current = match generation::current(&mut conn, &self.keys, &m.name).await {
+            Ok(c) => c,
+            Err(GenerationError::Redis(e)) => {
+                self.redis_failed("generation read", &e);
+                return;
+            }
+            Err(e) => {
+                self.refuse(m, None, &e);
+                return;
+            }
+        };
+        let holder = lock(&m.status).holder.is_some();
+        self.metrics.set_current(
+            &m.name,
+            current.as_ref().map_or(0, |c| c.generation),
+            holder,
+        );
+        let Some(current) = current else { return };
+        let (serving, forced) = {
+            let mut s = lock(&m.status);
+            s.current = Some(current.clone());
+            (s.serving.clone(), std::mem::take(&mut s.force_reload))
+        };
+        let newer = serving
+            .as_ref()
+            .is_none_or(|s| current.at_ms > s.at_ms || (forced && *s != current));
+        if !newer {
+            return;
+        }
+        let snap = match generation::fetch(&mut conn, &self.keys, &m.name, &current).await {
+            Ok(s) => s,
+            Err(GenerationError::Redis(e)) => {
+                self.redis_failed("generation fetch", &e);
+                return;
+            }
+            Err(e) => {
+                self.refuse(m, Some(&current), &e);
+                return;
+            }
+        };
+        let recent: Vec<_> = lock(&m.recent).iter().cloned().collect();
+        let live_items = m.filter.stats().map(|s| s.items);
+        if let Err(e) = generation::judge(&snap, &current, m.filter.config(), live_items, &recent) {
+            self.refuse(m, Some(&current), &e);
+            return;
+        }
+        let replay = match stream::admitted_since(self, &mut conn, &m.name, current.start).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.redis_failed("stream replay", &e);
+                return;
+            }
+        };
+        let keys: Vec<_> = replay.into_iter().map(|(_, k)| k).collect();
+        let items = snap.filter.items();
+        m.filter
+            .install(snap.filter, snap.watermark, &keys, RebuildReason::Published);
+        tracing::info!(filter = %m.name, generation = current.generation, items, replayed = keys.len(),
+            published_by = %current.by, "loaded the fleet's current generation");
+        self.metrics.generation(&m.name, "loaded");
+        self.metrics.set_generation(&m.name, current.generation);
+        let mut s = lock(&m.status);
+        s.serving = Some(current);
+        s.refused = None;
+    }
+
+    fn refuse(&self, m: &Member, current: Option<&Current>, e: &GenerationError) {
+        tracing::error!(filter = %m.name, generation = current.map(|c| c.generation), error = %e,
+            "refused the fleet's current generation; keeping the filter this instance serves");
+        self.metrics.generation(&m.name, "refused");
+        lock(&m.status).refused = Some(e.to_string());
+    }
+
+    /// The builder's work, until its lease is lost (then the supervisor aborts it):
+    /// publish what it serves or build it, sync, and rebuild and publish when asked, on
+    /// schedule, or when the stream grew long.
+    async fn build(self: Arc<Self>, m: Arc<Member>, l: Lease) {
+        let sync = tokio::spawn(crate::gate::sync::run(
+            Arc::clone(&m.filter),
+            Arc::clone(&self.admit),
+            self.db.clone(),
+        ));
+        let _sync = AbortOnDrop(sync);
+        if m.filter.is_ready() {
+            // A filter is served already (loaded from the last generation and kept up
+            // by the stream): publish it as the next generation, no scan needed.
+            self.publish_live(&m, &l).await;
+        } else {
+            let mut delay = m.filter.config().load_retry_initial;
+            loop {
+                let start = self.position();
+                match m.filter.build_once(&self.db, RebuildReason::Startup).await {
+                    Ok(_) => {
+                        self.publish_at(&m, &l, start).await;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(filter = %m.name, error = %e, retry_in_ms = delay.as_millis() as u64,
+                            "filter build failed; requests fail open until it succeeds");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(m.filter.config().load_retry_max);
+                    }
+                }
+            }
+        }
+        let mut length_check = tokio::time::interval(self.config.retry_interval * 5);
+        loop {
+            tokio::select! {
+                reason = m.filter.next_rebuild() => {
+                    tracing::info!(filter = %m.name, reason = reason.as_str(), "rebuilding; the current filter keeps serving");
+                    let start = self.position();
+                    match m.filter.build_once(&self.db, reason).await {
+                        Ok(_) => self.publish_at(&m, &l, start).await,
+                        Err(e) => tracing::error!(filter = %m.name, error = %e,
+                            "rebuild failed; the previous filter keeps serving"),
+                    }
+                }
+                _ = length_check.tick() => {
+                    let mut conn = self.conn.clone();
+                    let len: redis::RedisResult<u64> =
+                        redis::cmd("XLEN").arg(self.keys.stream()).query_async(&mut conn).await;
+                    if let Ok(len) = len && len > self.config.stream_max_entries {
+                        tracing::info!(filter = %m.name, entries = len,
+                            "change stream is long; publishing a fresh generation so older entries can be trimmed");
+                        self.publish_live(&m, &l).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn publish_live(&self, m: &Arc<Member>, l: &Lease) {
+        let start = self.position();
+        self.publish_at(m, l, start).await;
+    }
+
+    /// Publishes the live filter as a new generation whose build started at `start`,
+    /// then trims the stream up to the oldest current generation's start.
+    async fn publish_at(&self, m: &Arc<Member>, l: &Lease, start: StreamPos) {
+        let filter = Arc::clone(&m.filter);
+        let encoded = tokio::task::spawn_blocking(move || filter.encode_live()).await;
+        let Ok(Some((bytes, _mark, items))) = encoded else {
+            return;
+        };
+        let mut conn = self.conn.clone();
+        let published = generation::publish(
+            &mut conn,
+            &self.keys,
+            Publication {
+                filter: &m.name,
+                lease: l,
+                bytes: &bytes,
+                items,
+                start,
+                instance: &self.instance,
+                chunk_bytes: self.config.chunk_bytes,
+                grace_ms: self.config.generation_grace.as_millis() as u64,
+                upload_ttl_ms: (self.config.generation_grace.as_millis() as u64).max(600_000),
+            },
+        )
+        .await;
+        match published {
+            Ok(c) => {
+                tracing::info!(filter = %m.name, generation = c.generation, items, bytes = bytes.len(),
+                    start = %start, "published a generation");
+                self.metrics.generation(&m.name, "published");
+                self.metrics.set_generation(&m.name, c.generation);
+                self.metrics.set_current(&m.name, c.generation, true);
+                {
+                    let mut s = lock(&m.status);
+                    s.serving = Some(c.clone());
+                    s.current = Some(c);
+                }
+                self.trim().await;
+            }
+            Err(GenerationError::Fenced) => {
+                tracing::warn!(filter = %m.name, "not published: the builder lease was lost");
+            }
+            Err(e) => {
+                tracing::error!(filter = %m.name, error = %e, "publishing a generation failed");
+            }
+        }
+    }
+
+    /// Trims the stream below the oldest start among the filters' current generations:
+    /// no follower loading one of them can need an older entry.
+    async fn trim(&self) {
+        let mut conn = self.conn.clone();
+        let mut oldest: Option<StreamPos> = None;
+        for name in self.members.keys() {
+            match generation::current(&mut conn, &self.keys, name).await {
+                Ok(Some(c)) => oldest = Some(oldest.map_or(c.start, |o| o.min(c.start))),
+                // A filter with no generation yet needs the whole stream.
+                _ => return,
+            }
+        }
+        if let Some(min) = oldest
+            && min != StreamPos::default()
+        {
+            let trimmed: redis::RedisResult<u64> = redis::cmd("XTRIM")
+                .arg(self.keys.stream())
+                .arg("MINID")
+                .arg(min.to_string())
+                .query_async(&mut conn)
+                .await;
+            match trimmed {
+                Ok(n) if n > 0 => {
+                    tracing::debug!(entries = n, below = %min, "change stream trimmed")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "change stream trim failed"),
+            }
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped (with the builder's work).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
