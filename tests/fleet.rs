@@ -1,0 +1,401 @@
+//! Fleet mode against real parts: three bloomgate instances, one throwaway Redis and one
+//! MariaDB database per test, all on loopback. One instance builds and publishes, the
+//! others load what it publishes; admissions and invalidations on any instance reach
+//! every other through the change stream; a generation that is corrupt or implausible
+//! is refused.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bloomgate::db::{demo_absent_sku, demo_sku};
+use redis::AsyncCommands;
+use support::{TestConfig, TestDb, TestProxy, TestRedis, TestRoute, mysql_url, redis_server};
+
+const TOKEN: &str = "test-admin-token";
+
+/// The config of instance `id` of a fleet in namespace `ns`.
+fn config(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> TestConfig {
+    TestConfig::new(&db.url)
+        .admin_token(TOKEN)
+        .expected_items(expected)
+        .false_positive_rate(0.001)
+        .cache("ttl = \"10m\"")
+        .cache("negative_ttl = \"10m\"")
+        .route(TestRoute::sql("products", "/api/products/{id}"))
+        .fleet(format!("redis_url = \"{}\"", redis.url()))
+        .fleet(format!("namespace = \"{ns}\""))
+        .fleet(format!("instance_id = \"{id}\""))
+        .fleet("lease_ttl = \"2s\"")
+        .fleet("lease_renew = \"500ms\"")
+        .fleet("retry_interval = \"100ms\"")
+}
+
+/// Waits until `proxy` is ready (a filter loaded), for at most `limit`.
+async fn ready(proxy: &TestProxy, limit: Duration) {
+    proxy.wait_ready(limit).await;
+}
+
+/// The `/admin/fleet` state of the `products` filter on `proxy`.
+async fn fleet_filter(proxy: &TestProxy) -> serde_json::Value {
+    proxy.admin_get("/admin/fleet").await.json()["filters"][0].clone()
+}
+
+/// Polls `check` on every proxy until it holds on all of them, for at most `limit`.
+async fn on_all(
+    proxies: &[&TestProxy],
+    limit: Duration,
+    what: &str,
+    check: impl AsyncFn(&TestProxy) -> bool,
+) {
+    let deadline = Instant::now() + limit;
+    for (i, p) in proxies.iter().enumerate() {
+        while !check(p).await {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: instance {i} never got there"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_scans_the_table_once_and_every_instance_serves_every_key() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 200_000;
+    let db = TestDb::create_heavy(&server, rows).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let base_reads = db.rows_read().await;
+    let mut proxies = Vec::new();
+    for id in ["a", "b", "c"] {
+        proxies.push(TestProxy::spawn(&config(&db, &redis, "start", id, rows).toml()).await);
+    }
+    for p in &proxies {
+        ready(p, Duration::from_secs(120)).await;
+    }
+    // Exactly one instance built; the others loaded its generation.
+    let mut builds = 0.0;
+    let mut builders = 0;
+    for p in &proxies {
+        builds += p
+            .metric("bloomgate_filter_loads_total{filter=\"products\",result=\"ok\"}")
+            .await;
+        let f = fleet_filter(p).await;
+        if f["role"] == "builder" {
+            builders += 1;
+        } else {
+            assert_eq!(f["role"], "follower", "{f}");
+            assert_eq!(f["serving"]["generation"], 1, "{f}");
+        }
+    }
+    assert_eq!((builds, builders), (1.0, 1));
+    db.wait_idle().await;
+    let read = db.rows_read().await - base_reads;
+    // One build reads the table once to count it and once to scan it; three builds
+    // would read it six times.
+    assert!(
+        read < 3 * rows,
+        "{read} rows read for {rows} keys: more than one build"
+    );
+    eprintln!("fleet start: {read} rows read by the fleet for a {rows}-key table");
+
+    // Every present key is served by every instance (a sample, through HTTP).
+    for p in &proxies {
+        for i in (0..rows).step_by(997) {
+            let r = p.get(&format!("/api/products/{}", demo_sku(i))).await;
+            assert_eq!(
+                r.status.as_u16(),
+                200,
+                "sku {} on {:?}",
+                demo_sku(i),
+                r.stage()
+            );
+        }
+        let r = p
+            .get(&format!("/api/products/{}", demo_absent_sku(5)))
+            .await;
+        assert_eq!(r.status.as_u16(), 404);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_and_invalidations_on_one_instance_reach_the_others() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let a = TestProxy::spawn(&config(&db, &redis, "adm", "a", 2_000).toml()).await;
+    let b = TestProxy::spawn(&config(&db, &redis, "adm", "b", 2_000).toml()).await;
+    let c = TestProxy::spawn(&config(&db, &redis, "adm", "c", 2_000).toml()).await;
+    for p in [&a, &b, &c] {
+        ready(p, Duration::from_secs(60)).await;
+    }
+
+    // A key created behind the fleet's back is refused everywhere; C also keeps a
+    // negative entry for it once the gate lets it through... so ask C for a false
+    // positive first: any absent key that passes C's gate leaves a negative entry.
+    let new_key = demo_absent_sku(11);
+    db.insert_product(new_key).await;
+    for p in [&a, &b, &c] {
+        assert_eq!(
+            p.get(&format!("/api/products/{new_key}"))
+                .await
+                .status
+                .as_u16(),
+            404
+        );
+    }
+    let r = a
+        .admin_post(
+            "/admin/filters/products/keys",
+            Some(TOKEN),
+            &format!("{new_key}"),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let started = Instant::now();
+    on_all(
+        &[&b, &c],
+        Duration::from_secs(10),
+        "admitted key",
+        async |p: &TestProxy| {
+            p.get(&format!("/api/products/{new_key}"))
+                .await
+                .status
+                .as_u16()
+                == 200
+        },
+    )
+    .await;
+    eprintln!(
+        "admission on A served by B and C after {:?}",
+        started.elapsed()
+    );
+
+    // A cached product, invalidated on A, is dropped on B too.
+    let sku = demo_sku(3);
+    assert_eq!(b.get(&format!("/api/products/{sku}")).await.stage(), "miss");
+    assert_eq!(b.get(&format!("/api/products/{sku}")).await.stage(), "hit");
+    let r = a
+        .admin_post("/admin/cache/invalidate", Some(TOKEN), &format!("[{sku}]"))
+        .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    on_all(
+        &[&b],
+        Duration::from_secs(10),
+        "invalidation",
+        async |p: &TestProxy| {
+            // A miss refills the entry: the next check sees a hit again, so look for one miss.
+            p.get(&format!("/api/products/{sku}")).await.stage() == "miss"
+        },
+    )
+    .await;
+
+    // The stream position moves on every instance, and /admin/filters shows the role.
+    for p in [&a, &b, &c] {
+        let fleet = p.admin_get("/admin/fleet").await.json();
+        assert_ne!(fleet["stream"]["position"], "0-0", "{fleet}");
+        let f = p.admin_get("/admin/filters").await.json();
+        assert!(
+            matches!(
+                f["filters"][0]["fleet"]["role"].as_str(),
+                Some("builder" | "follower")
+            ),
+            "{f}"
+        );
+    }
+}
+
+/// A negative entry on C for a key that is then created through A: C answers 200 at once
+/// (the admission drops C's negative entry through the stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_entry_on_one_instance_goes_when_the_key_is_admitted_on_another() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    // Gate off on C's route would change the config; instead, find a false positive.
+    let a = TestProxy::spawn(&config(&db, &redis, "neg", "a", 2_000).toml()).await;
+    let c = TestProxy::spawn(&config(&db, &redis, "neg", "c", 2_000).toml()).await;
+    for p in [&a, &c] {
+        ready(p, Duration::from_secs(60)).await;
+    }
+    // At 0.1%, some absent key among many is a false positive on C's (shared) filter.
+    let mut fp = None;
+    for i in 0..200_000 {
+        let k = demo_absent_sku(i);
+        let r = c.get(&format!("/api/products/{k}")).await;
+        if r.stage() == "miss" {
+            fp = Some(k);
+            break;
+        }
+    }
+    let fp = fp.expect("a false positive among 200,000 absent keys");
+    assert_eq!(
+        c.get(&format!("/api/products/{fp}")).await.stage(),
+        "negative-hit"
+    );
+    db.insert_product(fp).await;
+    let r = a
+        .admin_post(
+            "/admin/filters/products/keys",
+            Some(TOKEN),
+            &format!("{fp}"),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 200);
+    on_all(
+        &[&c],
+        Duration::from_secs(10),
+        "negative entry dropped",
+        async |p: &TestProxy| p.get(&format!("/api/products/{fp}")).await.status.as_u16() == 200,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_refuse_a_corrupt_or_an_all_zero_generation_and_keep_serving() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let a = TestProxy::spawn(&config(&db, &redis, "bad", "a", 2_000).toml()).await;
+    ready(&a, Duration::from_secs(60)).await;
+    let b = TestProxy::spawn(&config(&db, &redis, "bad", "b", 2_000).toml()).await;
+    ready(&b, Duration::from_secs(60)).await;
+    let mut conn = redis.conn().await;
+    let current: std::collections::HashMap<String, String> = conn
+        .hgetall("bad:filter:products:current")
+        .await
+        .expect("current");
+    let generation: u64 = current["gen"].parse().expect("gen");
+    let chunks: u64 = current["chunks"].parse().expect("chunks");
+    let mut bytes = Vec::new();
+    for i in 0..chunks {
+        let part: Vec<u8> = conn
+            .get(format!("bad:filter:products:gen:{generation}:{i}"))
+            .await
+            .expect("chunk");
+        bytes.extend(part);
+    }
+
+    let refused = async |p: &TestProxy| {
+        p.metric_or_absent(
+            "bloomgate_fleet_generations_total{filter=\"products\",result=\"refused\"}",
+        )
+        .await
+        .unwrap_or(0.0)
+    };
+
+    // 1. A flipped byte in the bit array: the checksum refuses it.
+    let mut corrupt = bytes.clone();
+    let mid = corrupt.len() / 2;
+    corrupt[mid] ^= 0x40;
+    let before = refused(&b).await;
+    plant(&mut conn, "bad", 900, &corrupt, &current).await;
+    on_all(
+        &[&b],
+        Duration::from_secs(10),
+        "corrupt generation refused",
+        async |p: &TestProxy| refused(p).await > before,
+    )
+    .await;
+    let f = fleet_filter(&b).await;
+    assert!(
+        f["last_refusal"]
+            .as_str()
+            .unwrap_or("")
+            .contains("checksum"),
+        "{f}"
+    );
+
+    // 2. A well-formed generation whose bits are all zero (checksum recomputed): the
+    //    fill check refuses it.
+    let zero = all_zero(&bytes);
+    let before = refused(&b).await;
+    plant(&mut conn, "bad", 901, &zero, &current).await;
+    on_all(
+        &[&b],
+        Duration::from_secs(10),
+        "all-zero generation refused",
+        async |p: &TestProxy| refused(p).await > before,
+    )
+    .await;
+    let f = fleet_filter(&b).await;
+    assert!(
+        f["last_refusal"]
+            .as_str()
+            .unwrap_or("")
+            .contains("implausible"),
+        "{f}"
+    );
+    // B still serves the generation it had: every present key passes its gate.
+    assert_eq!(f["serving"]["generation"], generation, "{f}");
+    for i in (0..1_000).step_by(37) {
+        let r = b.get(&format!("/api/products/{}", demo_sku(i))).await;
+        assert_eq!(r.status.as_u16(), 200);
+    }
+}
+
+/// Writes `bytes` as generation `g` of `ns`'s products filter and points `current` at it,
+/// announcing it on the stream as a builder would (but without a lease: the test plays
+/// an attacker or a faulty writer with access to Redis).
+async fn plant(
+    conn: &mut redis::aio::MultiplexedConnection,
+    ns: &str,
+    g: u64,
+    bytes: &[u8],
+    like: &std::collections::HashMap<String, String>,
+) {
+    let _: () = conn
+        .set(format!("{ns}:filter:products:gen:{g}:0"), bytes)
+        .await
+        .expect("chunk");
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let fields: Vec<(&str, String)> = vec![
+        ("gen", g.to_string()),
+        ("chunks", "1".into()),
+        ("bytes", bytes.len().to_string()),
+        ("items", like["items"].clone()),
+        ("start", like["start"].clone()),
+        ("by", "intruder".into()),
+        ("at", at.to_string()),
+    ];
+    let _: () = conn
+        .hset_multiple(format!("{ns}:filter:products:current"), &fields)
+        .await
+        .expect("current");
+    let _: String = redis::cmd("XADD")
+        .arg(format!("{ns}:stream"))
+        .arg("*")
+        .arg(&[
+            ("op", "gen"),
+            ("f", "products"),
+            ("g", &g.to_string()),
+            ("src", "intruder"),
+        ])
+        .query_async(conn)
+        .await
+        .expect("announce");
+}
+
+/// The same snapshot with every bit of its array cleared and the checksum recomputed.
+fn all_zero(snapshot: &[u8]) -> Vec<u8> {
+    let header_len = u32::from_le_bytes(snapshot[12..16].try_into().expect("4 bytes")) as usize;
+    let mut out = snapshot[..snapshot.len() - 4].to_vec();
+    for b in &mut out[header_len..] {
+        *b = 0;
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
