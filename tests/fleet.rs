@@ -399,3 +399,95 @@ fn all_zero(snapshot: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }
+
+/// Measurements for the documentation, not assertions of speed: the time for a follower
+/// to load a large generation from Redis against the builder's full build from MariaDB,
+/// in one run. `BLOOMGATE_FLEET_MEASURE_ROWS` sets the table size (default 10,000,000).
+/// Run: `scripts/mariadb cargo test --release --test fleet -- --ignored --nocapture measure`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: seeds a large table"]
+async fn measure_generation_load_against_a_full_build() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows: u64 = std::env::var("BLOOMGATE_FLEET_MEASURE_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000_000);
+    let seeding = Instant::now();
+    let db = TestDb::create_heavy(&server, rows).await;
+    eprintln!("seeded {rows} rows in {:?}", seeding.elapsed());
+    let redis = TestRedis::start(&redis_bin).await;
+    let cfg = |id: &str| {
+        config(&db, &redis, "big", id, rows)
+            .database("acquire_timeout = \"60s\"")
+            .fleet("lease_ttl = \"60s\"")
+            .fleet("lease_renew = \"10s\"")
+            .toml()
+    };
+    let started = Instant::now();
+    let a = TestProxy::spawn(&cfg("a")).await;
+    ready(&a, Duration::from_secs(900)).await;
+    let built = started.elapsed();
+    // Wait until the generation is published before starting the follower.
+    on_all(&[&a], Duration::from_secs(300), "published", async |p: &TestProxy| {
+        fleet_filter(p).await["serving"]["generation"].as_u64().is_some()
+    })
+    .await;
+    let published = started.elapsed();
+    let f = fleet_filter(&a).await;
+    let started = Instant::now();
+    let b = TestProxy::spawn(&cfg("b")).await;
+    ready(&b, Duration::from_secs(900)).await;
+    let loaded = started.elapsed();
+    eprintln!(
+        "{rows} keys: builder start to ready (count + scan from MariaDB) {built:?}, to published {published:?} \
+         ({} bytes); follower start to ready (load from Redis) {loaded:?}; ratio {:.1}x",
+        f["serving"]["bytes"],
+        built.as_secs_f64() / loaded.as_secs_f64()
+    );
+}
+
+/// Cross-instance admission latency: an admin add-keys on A, then B asked until it
+/// answers 200. Prints p50, p99 and max over 300 keys.
+/// Run: `scripts/mariadb cargo test --release --test fleet -- --ignored --nocapture measure`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn measure_cross_instance_admission_latency() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let a = TestProxy::spawn(&config(&db, &redis, "lat", "a", 10_000).toml()).await;
+    let b = TestProxy::spawn(&config(&db, &redis, "lat", "b", 10_000).toml()).await;
+    for p in [&a, &b] {
+        ready(p, Duration::from_secs(60)).await;
+    }
+    let mut took = Vec::new();
+    for i in 0..300 {
+        let key = demo_absent_sku(100_000 + i);
+        db.insert_product(key).await;
+        let r = a
+            .admin_post("/admin/filters/products/keys", Some(TOKEN), &key.to_string())
+            .await;
+        assert_eq!(r.status.as_u16(), 200);
+        let t = Instant::now();
+        loop {
+            if b.get(&format!("/api/products/{key}")).await.status.as_u16() == 200 {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "key {key} never reached B");
+        }
+        took.push(t.elapsed());
+    }
+    took.sort();
+    let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
+    eprintln!(
+        "admission on A to 200 on B over {} keys: p50 {:?}, p99 {:?}, max {:?}",
+        took.len(),
+        at(0.5),
+        at(0.99),
+        took[took.len() - 1]
+    );
+}
