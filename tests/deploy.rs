@@ -1,20 +1,34 @@
 //! How bloomgate is deployed, with the real binary: SIGINT drains an in-flight request
 //! and exits 0; the compose deployment's own config and environment variables boot it
-//! against a real MariaDB and take effect; and docker-compose.yml publishes nothing but
-//! the data plane beyond the host's loopback interface.
+//! against a real MariaDB and Redis and take effect, and pass `check-config` for each
+//! instance; docker-compose.yml runs one fleet (two instances, one namespace, distinct
+//! ids, a Redis that never evicts) behind one load balancer, scraped instance by instance,
+//! and publishes nothing but the load balancer's data plane beyond the host's loopback
+//! interface; and a real nginx runs the load balancer's config, alternating between two
+//! servers and passing over one that is down.
+//!
+//! There is no container engine here: the compose file is read, and its parts are run
+//! one by one. The nginx test needs `nginx` (Debian's `nginx` package, which
+//! `scripts/test` installs); like the MariaDB and Redis tests, it is skipped without it and
+//! fails in CI.
 
 mod support;
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
 use bytes::Bytes;
 use http::Method;
-use support::binary::{Bloomgate, message};
+use support::binary::{BIN, Bloomgate, message};
 use support::observe::filter_status;
-use support::{HttpClient, StubUpstream, TestConfig, TestDb, TestRoute, eventually, mysql_url};
+use support::{
+    ChildGuard, HttpClient, StubUpstream, TestConfig, TestDb, TestRedis, TestRoute, eventually,
+    mysql_url, redis_server,
+};
 
 fn repo(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -27,6 +41,131 @@ fn read(path: &str) -> String {
 fn compose() -> serde_yaml::Value {
     serde_yaml::from_str(&read("docker-compose.yml")).expect("docker-compose.yml is YAML")
 }
+
+/// The text items of a YAML list (none if it is not one).
+fn strings(v: &serde_yaml::Value) -> Vec<String> {
+    v.as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The variables docker-compose.yml gives each bloomgate instance.
+const INSTANCE_VARS: [&str; 5] = [
+    "BLOOMGATE__DATABASE__URL",
+    "BLOOMGATE__ADMIN__TOKEN",
+    "BLOOMGATE__FLEET__REDIS_URL",
+    "BLOOMGATE__FLEET__NAMESPACE",
+    "BLOOMGATE__FLEET__INSTANCE_ID",
+];
+
+/// The bloomgate instances of the compose file (the services built from this
+/// repository), by service name.
+fn instances(compose: &serde_yaml::Value) -> BTreeMap<String, serde_yaml::Value> {
+    compose["services"]
+        .as_mapping()
+        .expect("services")
+        .iter()
+        .filter(|(_, service)| service["build"].as_str() == Some("."))
+        .map(|(name, service)| (name.as_str().expect("name").to_owned(), service.clone()))
+        .collect()
+}
+
+/// A service's `environment` mapping, each `${VAR:-default}` read as its default (what
+/// `docker compose` gives when VAR is unset).
+fn environment(service: &serde_yaml::Value) -> BTreeMap<String, String> {
+    service["environment"]
+        .as_mapping()
+        .expect("an environment mapping")
+        .iter()
+        .map(|(k, v)| {
+            let value = match v {
+                serde_yaml::Value::String(s) => s.clone(),
+                serde_yaml::Value::Number(n) => n.to_string(),
+                other => panic!("environment value {other:?}"),
+            };
+            let value = match value
+                .strip_prefix("${")
+                .and_then(|v| v.strip_suffix('}'))
+                .and_then(|v| v.split_once(":-"))
+            {
+                Some((_, default)) => default.to_owned(),
+                None => value,
+            };
+            (k.as_str().expect("variable name").to_owned(), value)
+        })
+        .collect()
+}
+
+/// One statement of an nginx config: the blocks around it (`["upstream bloomgate"]`) and
+/// its words (`["server", "bloomgate-1:8080", …]`).
+type Directive = (Vec<String>, Vec<String>);
+
+/// The statements of an nginx config, comments dropped, quotes kept as one word.
+fn nginx_directives(text: &str) -> Vec<Directive> {
+    let mut out = Vec::new();
+    let mut blocks: Vec<String> = Vec::new();
+    let mut words: Vec<String> = Vec::new();
+    let mut word = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '#' => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '"' => {
+                word.push('"');
+                for c in chars.by_ref() {
+                    word.push(c);
+                    if c == '"' {
+                        break;
+                    }
+                }
+            }
+            ';' | '{' | '}' => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                match c {
+                    ';' => out.push((blocks.clone(), std::mem::take(&mut words))),
+                    '{' => blocks.push(std::mem::take(&mut words).join(" ")),
+                    _ => {
+                        assert!(words.is_empty(), "unterminated statement {words:?}");
+                        blocks.pop().expect("balanced braces");
+                    }
+                }
+            }
+            c if c.is_whitespace() => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    assert!(
+        blocks.is_empty() && words.is_empty(),
+        "unbalanced nginx config"
+    );
+    out
+}
+
+/// The arguments of each `name` statement directly inside the blocks `within`.
+fn nginx_args(directives: &[Directive], within: &[&str], name: &str) -> Vec<Vec<String>> {
+    directives
+        .iter()
+        .filter(|(blocks, words)| blocks == within && words.first().is_some_and(|w| w == name))
+        .map(|(_, words)| words[1..].to_vec())
+        .collect()
+}
+
+/// The load balancer's config.
+const NGINX_CONF: &str = "deploy/nginx/bloomgate.conf";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_finishes_the_in_flight_request_then_exits_0() {
@@ -97,23 +236,26 @@ async fn sigint_finishes_the_in_flight_request_then_exits_0() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_compose_config_and_environment_boot_against_the_database_they_name() {
     let Some(server) = mysql_url() else { return };
+    let Some(redis_bin) = redis_server() else {
+        return;
+    };
     const N: u64 = 1_000;
     let db = TestDb::create(&server, N).await;
+    let redis = TestRedis::start(&redis_bin).await;
 
-    // The variables docker-compose.yml gives bloomgate, by the names it uses.
+    // The variables docker-compose.yml gives the first instance, by the names it uses.
     let compose = compose();
-    let env = compose["services"]["bloomgate"]["environment"]
-        .as_mapping()
-        .expect("bloomgate's environment is a mapping");
+    let (_, first) = instances(&compose)
+        .into_iter()
+        .next()
+        .expect("a bloomgate instance");
+    let env = environment(&first);
     let names: BTreeSet<&str> = env
         .keys()
-        .filter_map(|k| k.as_str())
+        .map(String::as_str)
         .filter(|k| k.starts_with("BLOOMGATE__"))
         .collect();
-    assert_eq!(
-        names,
-        BTreeSet::from(["BLOOMGATE__DATABASE__URL", "BLOOMGATE__ADMIN__TOKEN"])
-    );
+    assert_eq!(names, BTreeSet::from(INSTANCE_VARS));
     let file_token = "compose-admin-token";
     let env_token = "token-from-the-environment";
     let config = read("config.compose.toml");
@@ -125,6 +267,16 @@ async fn the_compose_config_and_environment_boot_against_the_database_they_name(
         &[
             ("BLOOMGATE__DATABASE__URL", db.url.as_str()),
             ("BLOOMGATE__ADMIN__TOKEN", env_token),
+            // The compose file's Redis is the `redis` service; here, the test's own.
+            ("BLOOMGATE__FLEET__REDIS_URL", redis.url().as_str()),
+            (
+                "BLOOMGATE__FLEET__NAMESPACE",
+                env["BLOOMGATE__FLEET__NAMESPACE"].as_str(),
+            ),
+            (
+                "BLOOMGATE__FLEET__INSTANCE_ID",
+                env["BLOOMGATE__FLEET__INSTANCE_ID"].as_str(),
+            ),
             // The compose file's addresses are the container's; here, loopback port 0.
             ("BLOOMGATE__SERVER__LISTEN", "127.0.0.1:0"),
             ("BLOOMGATE__ADMIN__LISTEN", "127.0.0.1:0"),
@@ -233,24 +385,48 @@ fn published(entry: &serde_yaml::Value) -> (Option<String>, String, String) {
     }
 }
 
+/// The port nginx listens on in the load balancer's config.
+fn lb_listen_port() -> String {
+    let directives = nginx_directives(&read(NGINX_CONF));
+    let listen = nginx_args(&directives, &["server"], "listen");
+    assert_eq!(listen.len(), 1, "one listen statement: {listen:?}");
+    listen[0][0]
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 #[test]
 fn compose_publishes_only_the_data_plane_beyond_loopback() {
     let config = bloomgate::config::Config::from_toml_str(&read("config.compose.toml"))
         .expect("config.compose.toml is valid");
     let data_port = config.server.listen.port().to_string();
     let admin_port = config.admin.listen.port().to_string();
+    let lb_port = lb_listen_port();
     let compose = compose();
+    let instances = instances(&compose);
     let services = compose["services"].as_mapping().expect("services");
-    let mut admin_published = 0;
+    let mut data_published = 0;
+    let mut admin_published = BTreeMap::new();
     for (name, service) in services {
         let name = name.as_str().unwrap_or_default();
+        let instance = instances.contains_key(name);
         for entry in service["ports"].as_sequence().into_iter().flatten() {
             let (ip, host, container) = published(entry);
-            if name == "bloomgate" && container == data_port {
+            if name == "lb" && container == lb_port {
+                data_published += 1;
                 continue;
             }
-            if name == "bloomgate" && container == admin_port {
-                admin_published += 1;
+            assert!(
+                !(instance && container == data_port),
+                "{name} publishes its data plane: the load balancer is the one address"
+            );
+            if instance && container == admin_port {
+                admin_published
+                    .entry(name.to_owned())
+                    .or_insert_with(Vec::new)
+                    .push(host.clone());
             }
             assert!(
                 matches!(ip.as_deref(), Some("127.0.0.1") | Some("::1")),
@@ -258,7 +434,236 @@ fn compose_publishes_only_the_data_plane_beyond_loopback() {
             );
         }
     }
-    assert_eq!(admin_published, 1, "the admin plane is published once");
+    assert_eq!(
+        data_published, 1,
+        "the load balancer publishes the data plane"
+    );
+    let admin_hosts: BTreeSet<&String> = admin_published.values().flatten().collect();
+    assert_eq!(
+        admin_published.keys().collect::<Vec<_>>(),
+        instances.keys().collect::<Vec<_>>(),
+        "each instance publishes its admin plane"
+    );
+    assert!(
+        admin_published.values().all(|hosts| hosts.len() == 1)
+            && admin_hosts.len() == instances.len(),
+        "once each, on distinct host ports: {admin_published:?}"
+    );
+}
+
+#[test]
+fn compose_runs_one_fleet_behind_one_address() {
+    let config = bloomgate::config::Config::from_toml_str(&read("config.compose.toml"))
+        .expect("config.compose.toml is valid");
+    let data_port = config.server.listen.port();
+    let admin_port = config.admin.listen.port();
+    let compose = compose();
+    let services = &compose["services"];
+    let instances = instances(&compose);
+    assert_eq!(
+        instances.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["bloomgate-1", "bloomgate-2"]
+    );
+
+    // One fleet: the same Redis and namespace, distinct instance ids, and otherwise the
+    // same service.
+    let envs: BTreeMap<&str, BTreeMap<String, String>> = instances
+        .iter()
+        .map(|(name, service)| (name.as_str(), environment(service)))
+        .collect();
+    for (name, env) in &envs {
+        assert_eq!(
+            env.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+            BTreeSet::from(INSTANCE_VARS),
+            "{name}"
+        );
+        assert_eq!(env["BLOOMGATE__FLEET__REDIS_URL"], "redis://redis:6379");
+    }
+    let namespaces: BTreeSet<&str> = envs
+        .values()
+        .map(|e| e["BLOOMGATE__FLEET__NAMESPACE"].as_str())
+        .collect();
+    assert_eq!(namespaces.len(), 1, "one namespace: {namespaces:?}");
+    let ids: BTreeSet<&str> = envs
+        .values()
+        .map(|e| e["BLOOMGATE__FLEET__INSTANCE_ID"].as_str())
+        .collect();
+    assert_eq!(ids.len(), instances.len(), "distinct instance ids: {ids:?}");
+    let alike = |service: &serde_yaml::Value| {
+        let mut env = environment(service);
+        env.remove("BLOOMGATE__FLEET__INSTANCE_ID");
+        let mut service = service.clone();
+        let map = service.as_mapping_mut().expect("a service mapping");
+        map.remove("ports");
+        map.remove("environment");
+        (service, env)
+    };
+    let mut shapes = instances.values().map(alike);
+    let first = shapes.next().expect("an instance");
+    for other in shapes {
+        assert_eq!(
+            other, first,
+            "the instances differ in id and admin port only"
+        );
+    }
+    for instance in instances.values() {
+        for dependency in ["mysql", "redis"] {
+            assert_eq!(
+                instance["depends_on"][dependency]["condition"].as_str(),
+                Some("service_healthy"),
+                "an instance starts once {dependency} is healthy"
+            );
+        }
+    }
+
+    // Redis: never evicts, keeps its data in a volume, is health-checked, not published.
+    let redis = &services["redis"];
+    assert!(
+        redis["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("redis:7")),
+        "Redis 7"
+    );
+    let command: Vec<&str> = redis["command"]
+        .as_sequence()
+        .expect("redis command as a list")
+        .iter()
+        .map(|a| a.as_str().expect("text argument"))
+        .collect();
+    let option = |name: &str| {
+        let at = command
+            .iter()
+            .position(|a| *a == name)
+            .unwrap_or_else(|| panic!("redis runs without {name}: {command:?}"));
+        command.get(at + 1).copied()
+    };
+    assert_eq!(option("--maxmemory-policy"), Some("noeviction"));
+    assert_eq!(option("--appendonly"), Some("yes"));
+    assert!(
+        option("--maxmemory").is_some_and(|m| m != "0"),
+        "a memory limit"
+    );
+    let volumes = strings(&redis["volumes"]);
+    let data_volume = volumes
+        .iter()
+        .find_map(|v| v.strip_suffix(":/data"))
+        .expect("a volume on /data");
+    assert!(
+        compose["volumes"]
+            .as_mapping()
+            .is_some_and(|v| v.contains_key(data_volume)),
+        "{data_volume} is a named volume"
+    );
+    let health = strings(&redis["healthcheck"]["test"]).join(" ");
+    assert!(health.contains("redis-cli ping"), "{health}");
+    assert!(redis["ports"].is_null(), "Redis is not published");
+
+    // The load balancer: nginx, round robin over exactly the instances' data planes.
+    let lb = &services["lb"];
+    assert!(
+        lb["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("nginx:"))
+    );
+    assert!(
+        strings(&lb["volumes"])
+            .contains(&format!("./{NGINX_CONF}:/etc/nginx/conf.d/default.conf:ro")),
+        "the config is mounted"
+    );
+    let lb_port = lb_listen_port();
+    assert_eq!(strings(&lb["ports"]), [format!("{lb_port}:{lb_port}")]);
+    let depends: BTreeSet<String> = strings(&lb["depends_on"]).into_iter().collect();
+    assert_eq!(depends, instances.keys().cloned().collect());
+    let directives = nginx_directives(&read(NGINX_CONF));
+    let upstream = ["upstream bloomgate"];
+    let servers: BTreeSet<String> = nginx_args(&directives, &upstream, "server")
+        .into_iter()
+        .map(|args| args[0].clone())
+        .collect();
+    let expected: BTreeSet<String> = instances
+        .keys()
+        .map(|name| format!("{name}:{data_port}"))
+        .collect();
+    assert_eq!(servers, expected, "the upstreams are the instances");
+    assert!(
+        nginx_args(&directives, &upstream, "hash").is_empty()
+            && nginx_args(&directives, &upstream, "ip_hash").is_empty()
+            && nginx_args(&directives, &upstream, "least_conn").is_empty(),
+        "round robin"
+    );
+    assert_eq!(
+        nginx_args(&directives, &["server", "location /"], "proxy_pass"),
+        [["http://bloomgate"]]
+    );
+    // nginx lets an idle connection go before bloomgate closes it.
+    let idle = nginx_args(&directives, &upstream, "keepalive_timeout");
+    let idle = humantime::parse_duration(&idle[0][0]).expect("keepalive_timeout");
+    assert!(
+        idle < config.server.header_read_timeout,
+        "{idle:?} against {:?}",
+        config.server.header_read_timeout
+    );
+
+    // Prometheus scrapes every instance's admin plane.
+    let prometheus: serde_yaml::Value =
+        serde_yaml::from_str(&read("deploy/prometheus/prometheus.yml")).expect("YAML");
+    let targets: BTreeSet<String> = prometheus["scrape_configs"]
+        .as_sequence()
+        .expect("scrape_configs")
+        .iter()
+        .flat_map(|job| {
+            job["static_configs"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .flat_map(|c| strings(&c["targets"]))
+        .collect();
+    let expected: BTreeSet<String> = instances
+        .keys()
+        .map(|name| format!("{name}:{admin_port}"))
+        .collect();
+    assert_eq!(targets, expected);
+    let depends: BTreeSet<String> = strings(&services["prometheus"]["depends_on"])
+        .into_iter()
+        .collect();
+    assert_eq!(depends, instances.keys().cloned().collect());
+}
+
+#[test]
+fn the_compose_environment_of_each_instance_passes_check_config() {
+    let compose = compose();
+    for (name, service) in instances(&compose) {
+        let env = environment(&service);
+        let check = |env: &BTreeMap<String, String>| {
+            let mut cmd = Command::new(BIN);
+            cmd.args(["check-config", "--config"])
+                .arg(repo("config.compose.toml"))
+                .stdin(Stdio::null());
+            for (var, _) in std::env::vars_os() {
+                if var.to_string_lossy().starts_with("BLOOMGATE__") {
+                    cmd.env_remove(var);
+                }
+            }
+            let out = cmd.envs(env).output().expect("run bloomgate check-config");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr),
+            )
+        };
+        let (code, text) = check(&env);
+        assert_eq!(code, Some(0), "{name}: {text}");
+        // The fleet variables reach the [fleet] section: a bad one is refused by name.
+        let mut bad = env.clone();
+        bad.insert(
+            "BLOOMGATE__FLEET__INSTANCE_ID".into(),
+            format!("{name} with spaces"),
+        );
+        let (code, text) = check(&bad);
+        assert_eq!(code, Some(2), "{name}: {text}");
+        assert!(text.contains("fleet.instance_id"), "{name}: {text}");
+    }
 }
 
 #[test]
@@ -282,5 +687,187 @@ fn port_entries_are_read_in_every_compose_form() {
     assert_eq!(
         parse("{ target: 9090, published: \"9090\" }"),
         (None, s("9090"), s("9090"))
+    );
+}
+
+/// The `nginx` binary, on `PATH` or in /usr/sbin. The skip rule is the MariaDB tests'
+/// ([`mysql_url`]): without it, the test fails if `CI` is set to anything but the empty
+/// string, and otherwise passes without running, saying so once on stderr.
+fn nginx_binary() -> Option<PathBuf> {
+    let dirs = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let found = dirs
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|dir| dir.join("nginx"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty());
+        assert!(
+            !ci,
+            "nginx not found but CI is set: run the tests through scripts/test"
+        );
+        use std::io::Write as _;
+        // Straight to the process's stderr: libtest captures eprintln!.
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping the nginx test: nginx not found (scripts/test installs it; with CI \
+             set it fails instead)"
+        );
+    }
+    found
+}
+
+/// Replaces the one occurrence of `from` in `text`.
+fn replace_once(text: &str, from: &str, to: &str) -> String {
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "one {from:?} in {NGINX_CONF}"
+    );
+    text.replacen(from, to, 1)
+}
+
+/// A real nginx running the load balancer's config, the instances' names replaced by
+/// test servers and its listen port by a free loopback one; killed when dropped.
+struct TestNginx {
+    addr: SocketAddr,
+    _child: ChildGuard,
+    _dir: tempfile::TempDir,
+}
+
+impl TestNginx {
+    /// Checks the config with `nginx -t`, then runs it; returns once it accepts
+    /// connections. `upstreams` stand for the instances, in service-name order.
+    async fn start(bin: &Path, upstreams: &[SocketAddr]) -> TestNginx {
+        let compose = compose();
+        let instances = instances(&compose);
+        assert_eq!(instances.len(), upstreams.len());
+        let data_port = bloomgate::config::Config::from_toml_str(&read("config.compose.toml"))
+            .expect("config.compose.toml is valid")
+            .server
+            .listen
+            .port();
+        let lb_port = lb_listen_port();
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("nginx directory");
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let mut site = replace_once(
+                &read(NGINX_CONF),
+                &format!("listen {lb_port};"),
+                &format!("listen 127.0.0.1:{port};"),
+            );
+            for (name, addr) in instances.keys().zip(upstreams) {
+                site = replace_once(
+                    &site,
+                    &format!("server {name}:{data_port} "),
+                    &format!("server {addr} "),
+                );
+            }
+            let d = dir.path().display();
+            std::fs::write(dir.path().join("bloomgate.conf"), site).expect("write site");
+            let main = format!(
+                "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\n\
+                 events {{ worker_connections 64; }}\n\
+                 http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  \
+                 proxy_temp_path {d}/proxy;\n  include {d}/bloomgate.conf;\n}}\n"
+            );
+            let conf = dir.path().join("nginx.conf");
+            std::fs::write(&conf, main).expect("write nginx.conf");
+            let log = dir.path().join("error.log");
+            let args = |cmd: &mut Command| {
+                cmd.arg("-p")
+                    .arg(dir.path())
+                    .arg("-e")
+                    .arg(&log)
+                    .arg("-c")
+                    .arg(&conf)
+                    .stdin(Stdio::null());
+            };
+            let mut test = Command::new(bin);
+            args(&mut test);
+            let out = test.arg("-t").output().expect("run nginx -t");
+            assert!(
+                out.status.success(),
+                "nginx -t:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+
+            let mut cmd = Command::new(bin);
+            args(&mut cmd);
+            let mut child = ChildGuard::spawn(cmd.stdout(Stdio::null()).stderr(Stdio::null()));
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    if text.contains("Address already in use") {
+                        break;
+                    }
+                    panic!("nginx exited ({status}):\n{text}");
+                }
+                if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                    return TestNginx {
+                        addr,
+                        _child: child,
+                        _dir: dir,
+                    };
+                }
+                assert!(Instant::now() < deadline, "nginx not listening within 30 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        panic!("nginx found every port it was given taken");
+    }
+}
+
+#[tokio::test]
+async fn the_load_balancer_alternates_between_the_instances_and_passes_over_a_dead_one() {
+    let Some(bin) = nginx_binary() else { return };
+    let key = demo_sku(1);
+    // Real HTTP servers standing in for the two instances, counting what reaches them.
+    let one = StubUpstream::start([key]).await;
+    let two = StubUpstream::start([key]).await;
+    let lb = TestNginx::start(&bin, &[one.addr, two.addr]).await;
+    let client = HttpClient::new();
+    let url = format!("http://{}/api/products/{key}", lb.addr);
+    let get = || client.send(Method::GET, &url, &[], Bytes::new());
+
+    for _ in 0..20 {
+        let r = get().await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    assert_eq!((one.hits(), two.hits()), (10, 10), "round robin");
+    let seen = one.last_request_headers();
+    assert_eq!(
+        seen.get("x-forwarded-for").map(|v| v.as_bytes()),
+        Some(&b"127.0.0.1"[..]),
+        "the client's address is passed on"
+    );
+
+    // The second instance goes away: every request is still answered, by the first.
+    let two_state = std::sync::Arc::clone(&two.state);
+    let two_addr = two.addr;
+    drop(two);
+    eventually(
+        "the second server refuses",
+        Duration::from_secs(10),
+        || async { tokio::net::TcpStream::connect(two_addr).await.is_err() },
+    )
+    .await;
+    for _ in 0..10 {
+        let r = get().await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    assert_eq!(one.hits(), 20);
+    assert_eq!(
+        two_state
+            .product_hits
+            .load(std::sync::atomic::Ordering::SeqCst),
+        10
     );
 }

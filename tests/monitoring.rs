@@ -222,7 +222,15 @@ fn compose_and_dockerfile_match_the_repository() {
     let names: BTreeSet<&str> = services.keys().filter_map(|k| k.as_str()).collect();
     assert_eq!(
         names,
-        BTreeSet::from(["mysql", "bloomgate", "prometheus", "grafana"])
+        BTreeSet::from([
+            "mysql",
+            "redis",
+            "bloomgate-1",
+            "bloomgate-2",
+            "lb",
+            "prometheus",
+            "grafana"
+        ])
     );
     let svc = |name: &str| &services[name];
 
@@ -232,17 +240,24 @@ fn compose_and_dockerfile_match_the_repository() {
             .is_some_and(|i| i.starts_with("mysql:8")),
         "MySQL 8"
     );
-    assert_eq!(svc("bloomgate")["build"].as_str(), Some("."));
+    for instance in ["bloomgate-1", "bloomgate-2"] {
+        assert_eq!(svc(instance)["build"].as_str(), Some("."));
+    }
+    assert_eq!(strings(&svc("lb")["ports"]), ["8080:8080"]);
     assert_eq!(
-        strings(&svc("bloomgate")["ports"]),
-        ["8080:8080", "127.0.0.1:9090:9090"]
+        strings(&svc("bloomgate-1")["ports"]),
+        ["127.0.0.1:9090:9090"]
+    );
+    assert_eq!(
+        strings(&svc("bloomgate-2")["ports"]),
+        ["127.0.0.1:9092:9090"]
     );
     assert_eq!(
         strings(&svc("prometheus")["ports"]),
         ["127.0.0.1:9091:9090"]
     );
     assert_eq!(strings(&svc("grafana")["ports"]), ["127.0.0.1:3000:3000"]);
-    for image in ["prometheus", "grafana"] {
+    for image in ["mysql", "redis", "lb", "prometheus", "grafana"] {
         let tag = svc(image)["image"].as_str().expect("image");
         assert!(
             tag.contains(':') && !tag.ends_with(":latest"),
@@ -302,7 +317,7 @@ fn compose_and_dockerfile_match_the_repository() {
 
     // The names the services use for each other.
     let prometheus = read("deploy/prometheus/prometheus.yml");
-    assert!(prometheus.contains("\"bloomgate:9090\""));
+    assert!(prometheus.contains("\"bloomgate-1:9090\", \"bloomgate-2:9090\""));
     assert!(prometheus.contains("- rules.yml"));
     let datasource = read("deploy/grafana/provisioning/datasources/prometheus.yml");
     assert!(datasource.contains("url: http://prometheus:9090"));

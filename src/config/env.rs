@@ -202,6 +202,72 @@ mod tests {
     }
 
     #[test]
+    fn fleet_variables_make_a_fleet_section() {
+        const WITH_DB: &str = r#"
+            [server]
+            listen = "127.0.0.1:0"
+            [database]
+            url = "mysql://bloomgate:bloomgate@mysql:3306/shop"
+        "#;
+        let load_db = |vars: &[(&str, &str)]| {
+            let vars = vars
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+            extract(Figment::from(Toml::string(WITH_DB)), vars)
+        };
+        // The three variables docker-compose.yml gives each instance.
+        let c = load_db(&[
+            ("BLOOMGATE__FLEET__REDIS_URL", "redis://redis:6379"),
+            ("BLOOMGATE__FLEET__NAMESPACE", "shop"),
+            ("BLOOMGATE__FLEET__INSTANCE_ID", "bloomgate-1"),
+        ])
+        .expect("fleet overrides");
+        let fleet = c
+            .fleet
+            .clone()
+            .expect("a [fleet] section from the environment");
+        assert_eq!(fleet.redis_url, "redis://redis:6379");
+        assert_eq!(fleet.namespace, "shop");
+        assert_eq!(fleet.instance_id.as_deref(), Some("bloomgate-1"));
+        // The fields not given keep their defaults, and the whole passes validation.
+        assert_eq!(fleet.lease_ttl, std::time::Duration::from_secs(10));
+        assert_eq!(fleet.chunk_bytes, 1 << 20);
+        let compiled = c.compile().expect("a valid fleet config");
+        let fleet = compiled.into_config().fleet.expect("kept by compile");
+        assert_eq!(fleet.instance_id.as_deref(), Some("bloomgate-1"));
+
+        // Text stays text: an all-digit id or namespace, and a URL with a password.
+        let c = load_db(&[
+            (
+                "BLOOMGATE__FLEET__REDIS_URL",
+                "redis://:p%40ss@10.0.0.5:6380/2",
+            ),
+            ("BLOOMGATE__FLEET__NAMESPACE", "2026"),
+            ("BLOOMGATE__FLEET__INSTANCE_ID", "0042"),
+            ("BLOOMGATE__FLEET__LEASE_TTL", "20s"),
+            ("BLOOMGATE__FLEET__CHUNK_BYTES", "65536"),
+        ])
+        .expect("fleet overrides");
+        let fleet = c.fleet.clone().expect("fleet");
+        assert_eq!(fleet.redis_url, "redis://:p%40ss@10.0.0.5:6380/2");
+        assert_eq!(fleet.namespace, "2026");
+        assert_eq!(fleet.instance_id.as_deref(), Some("0042"));
+        assert_eq!(fleet.lease_ttl, std::time::Duration::from_secs(20));
+        assert_eq!(fleet.chunk_bytes, 65536);
+        c.compile().expect("valid");
+
+        // Without the URL there is no fleet to join: refused, naming the field.
+        let e = load_db(&[("BLOOMGATE__FLEET__NAMESPACE", "shop")]).expect_err("no url");
+        assert_eq!(e.path, ["fleet"], "{e}");
+        assert!(
+            matches!(&e.kind, Kind::MissingField(f) if f == "redis_url"),
+            "{e}"
+        );
+        // Without any of them, no fleet.
+        assert!(load_db(&[]).expect("no overrides").fleet.is_none());
+    }
+
+    #[test]
     fn other_variables_are_ignored() {
         let c = load(&[
             ("BLOOMGATEX__ADMIN__TOKEN", "12345678"),

@@ -1,8 +1,9 @@
 //! Test harness: a real bloomgate on 127.0.0.1 port 0 (`TestProxy`), a throwaway MariaDB
 //! database and user per test (`TestDb`, counting the SELECTs the proxy runs), a real
 //! upstream API that counts its hits and can hold a request until the test lets it go
-//! (`StubUpstream`), a TCP relay that can play a database that is down (`Relay`), a small
-//! HTTP client, and raw TCP exchanges (`send_raw`).
+//! (`StubUpstream`), a throwaway Redis server per test (`TestRedis`, in `redis`), a TCP
+//! relay that can play a database that is down (`Relay`), a small HTTP client, and raw
+//! TCP exchanges (`send_raw`).
 //!
 //! Waiting is on events: a request the stub holds, a poll counted in `/metrics`, a
 //! statement in MariaDB's process list. A heavy MariaDB test takes its database with
@@ -38,7 +39,10 @@ use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, oneshot, 
 pub mod binary;
 pub mod config;
 pub mod observe;
+pub mod redis;
 
+#[allow(unused_imports)]
+pub use self::redis::{RedisOptions, TestRedis, redis_server};
 #[allow(unused_imports)]
 pub use config::{SYNC_QUERY, TestConfig, TestRoute};
 #[allow(unused_imports)]
