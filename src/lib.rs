@@ -22,7 +22,8 @@
 //! - [`gate`]: each configured filter (`gate::Filter`): its live membership
 //!   (`gate::membership`, the in-process Bloom filter today), verdict, readiness and
 //!   capacity; `gate::build` (snapshots, full builds, rebuilds), `gate::sync`
-//!   (incremental sync and the id gaps it reads again) and `gate::admit`, the one path by
+//!   (incremental sync, the id gaps it reads again, and the rows it has read, to tell
+//!   a changed row from one read again) and `gate::admit`, the one path by
 //!   which a key becomes present.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
 //! - [`metrics`]: the Prometheus families, by concern, on a registry passed in.

@@ -2,9 +2,18 @@
 //! since the watermark (timestamps reach back by the overlap; integer ids start from the
 //! lowest open gap, see `sync::gaps`) and admits them (`Admit::admit`: the filter, the
 //! next filter a build swaps in, and the negative cache entries), so a key created after
-//! it was a false positive is served at once. It does not rebuild (see `gate::build`).
+//! it was a false positive is served at once. A row no earlier poll read with the same
+//! watermark value (see `sync::seen`) is a change: its positive cache entries go too, so
+//! an updated row is served fresh after the next poll instead of after its TTL. It does
+//! not rebuild (see `gate::build`).
+//!
+//! Updates are seen only with a timestamp watermark that every update moves (`updated_at`
+//! with `ON UPDATE CURRENT_TIMESTAMP(6)`, or set by the writer). An integer watermark
+//! (an auto-increment id) moves only when a row is inserted: sync sees new rows, and
+//! cached rows follow their updates only when their TTL ends.
 
 pub mod gaps;
+pub mod seen;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -16,8 +25,9 @@ use super::admit::{Admit, Forget};
 use crate::config::SyncConfig;
 use crate::db::Db;
 use crate::gate::{Filter, unix_now};
-use crate::key::{OwnedKey, normalize};
+use crate::key::{KeyBytes, OwnedKey, normalize};
 use crate::watermark::Watermark;
+use seen::{MAX_REMEMBERED_ROWS, SeenRows};
 
 /// Runs the sync loop of `filter` until aborted; returns at once if it has no sync.
 pub async fn run(filter: Arc<Filter>, admit: Arc<Admit>, db: Db) {
@@ -28,6 +38,10 @@ pub async fn run(filter: Arc<Filter>, admit: Arc<Admit>, db: Db) {
     let mut ticker = tokio::time::interval(sync.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     ticker.tick().await;
+    // The rows read by recent polls. Empty at start, so the first poll takes every row
+    // it reads for a change and drops the cache entries of the rows in its window once:
+    // a few origin calls, never an old row served.
+    let mut seen = SeenRows::new(MAX_REMEMBERED_ROWS);
     loop {
         // Before the first build there is nothing to add to, and no watermark: wait for
         // it, then poll at once (after a warm start, that catches up on the snapshot).
@@ -35,13 +49,14 @@ pub async fn run(filter: Arc<Filter>, admit: Arc<Admit>, db: Db) {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
-        poll_once(&filter, &admit, &db, &sync, &query, mark).await;
+        poll_once(&filter, &admit, &db, &sync, &query, mark, &mut seen).await;
         ticker.tick().await;
     }
 }
 
 /// One poll: applies every key changed since `mark` minus the overlap (timestamps), or
-/// since the lowest open gap below `mark` (integer ids).
+/// since the lowest open gap below `mark` (integer ids). Rows that `seen` does not hold
+/// yet drop all their cache entries; rows read again only their negative ones.
 pub async fn poll_once(
     filter: &Filter,
     admit: &Admit,
@@ -49,10 +64,12 @@ pub async fn poll_once(
     sync: &SyncConfig,
     query: &Arc<str>,
     mark: Watermark,
+    seen: &mut SeenRows,
 ) {
     let since = start_point(filter, mark, sync);
     let rule = filter.normalize_rule().clone();
     let mut added: Vec<OwnedKey> = Vec::new();
+    let mut marks: Vec<Option<Watermark>> = Vec::new();
     let mut newest: Option<Watermark> = None;
     let mut ids: Vec<i64> = Vec::new();
     let started = Instant::now();
@@ -60,7 +77,10 @@ pub async fn poll_once(
     let result = db
         .for_each_change(query, sync.watermark, since, |raw, w| {
             match normalize(&rule, Cow::Borrowed(raw)) {
-                Ok(key) => added.push(key.to_owned_key()),
+                Ok(key) => {
+                    added.push(key.to_owned_key());
+                    marks.push(w);
+                }
                 Err(_) => bad += 1,
             }
             if let Some(w) = w {
@@ -73,7 +93,9 @@ pub async fn poll_once(
         .await;
     match result {
         Ok(rows) => {
-            admit.admit(filter, &added, Forget::Absence).await;
+            // Only once the whole poll has been read: a poll that fails half-way must not
+            // leave its rows remembered, or the next one would take them for known.
+            let changed = admit_rows(filter, admit, seen, since, added, &marks).await;
             match mark {
                 // The gaps and the watermark move together, under one lock.
                 Watermark::Int(prev) => record_gaps(filter, prev, &mut ids, started),
@@ -95,13 +117,58 @@ pub async fn poll_once(
                     "sync rows had keys that failed normalisation"
                 );
             }
-            tracing::debug!(filter = filter.name(), rows, since = %since,
+            tracing::debug!(filter = filter.name(), rows, changed, since = %since,
                 open_gaps = filter.sync_open_gaps(), "sync poll applied");
         }
         Err(e) => {
             filter.metrics().record_sync(false, 0, unix_now());
             tracing::warn!(filter = filter.name(), error = %e, "sync poll failed; retrying next interval");
         }
+    }
+}
+
+/// Admits the keys of one poll that read from `since`: the rows `seen` reports changed
+/// with [`Forget::Everything`], the others with [`Forget::Absence`]. Returns how many
+/// rows changed.
+async fn admit_rows(
+    filter: &Filter,
+    admit: &Admit,
+    seen: &mut SeenRows,
+    since: Watermark,
+    keys: Vec<OwnedKey>,
+    marks: &[Option<Watermark>],
+) -> usize {
+    let report = seen.poll(since, keys.iter().map(canonical).zip(marks.iter().copied()));
+    if report.overflow_began {
+        tracing::warn!(
+            filter = filter.name(),
+            rows = keys.len(),
+            cap = MAX_REMEMBERED_ROWS,
+            "sync read more rows than it can remember; until its window fits again, every row a poll reads drops all its cache entries"
+        );
+    }
+    if report.overflowed {
+        filter.metrics().sync_seen_overflow();
+    }
+    let (mut changed, mut again) = (Vec::new(), Vec::new());
+    for (key, is_changed) in keys.into_iter().zip(report.changed) {
+        if is_changed {
+            changed.push(key);
+        } else {
+            again.push(key);
+        }
+    }
+    admit.admit(filter, &again, Forget::Absence).await;
+    admit.admit(filter, &changed, Forget::Everything).await;
+    filter.metrics().sync_changed_rows(changed.len());
+    changed.len()
+}
+
+/// The bytes the filter hashes for `key`, borrowed where they are already held.
+fn canonical(key: &OwnedKey) -> Cow<'_, [u8]> {
+    match key {
+        OwnedKey::Text(s) => Cow::Borrowed(s.as_bytes()),
+        OwnedKey::Int(_) => Cow::Owned(KeyBytes::new().of(&key.as_norm()).to_vec()),
     }
 }
 

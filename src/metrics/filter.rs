@@ -1,5 +1,5 @@
 //! The metric families of filters (size and fill, readiness, loads and snapshots,
-//! sync and its gaps, admissions) and the handles one filter resolves once.
+//! sync, its gaps and its changed rows, admissions) and the handles one filter resolves once.
 
 use std::time::Duration;
 
@@ -33,6 +33,8 @@ pub struct FilterFamilies {
     sync_open_gaps: IntGaugeVec,
     sync_gaps_expired: IntCounterVec,
     sync_gaps_dropped: IntCounterVec,
+    sync_changed_rows: IntCounterVec,
+    sync_memory_overflows: IntCounterVec,
     target_fpp: GaugeVec,
     sync_interval: GaugeVec,
 }
@@ -173,6 +175,18 @@ impl FilterFamilies {
                 "Sync gap ranges dropped, oldest first, because too many were open.",
                 &["filter"],
             )?,
+            sync_changed_rows: family(
+                registry,
+                "bloomgate_filter_sync_changed_rows_total",
+                "Rows read by sync with a (key, watermark) pair no earlier poll had read: their cached entries, positive and negative, were dropped.",
+                &["filter"],
+            )?,
+            sync_memory_overflows: family(
+                registry,
+                "bloomgate_filter_sync_memory_overflows_total",
+                "Sync polls that read more rows than sync remembers; each dropped the cached entries of every row it read.",
+                &["filter"],
+            )?,
             target_fpp: family(
                 registry,
                 "bloomgate_filter_target_fpp",
@@ -229,6 +243,8 @@ impl FilterFamilies {
             sync_open_gaps: self.sync_open_gaps.with_label_values(&[filter]),
             sync_gaps_expired: self.sync_gaps_expired.with_label_values(&[filter]),
             sync_gaps_dropped: self.sync_gaps_dropped.with_label_values(&[filter]),
+            sync_changed_rows: self.sync_changed_rows.with_label_values(&[filter]),
+            sync_memory_overflows: self.sync_memory_overflows.with_label_values(&[filter]),
         }
     }
 }
@@ -262,6 +278,8 @@ pub struct FilterMetrics {
     sync_open_gaps: IntGauge,
     sync_gaps_expired: IntCounter,
     sync_gaps_dropped: IntCounter,
+    sync_changed_rows: IntCounter,
+    sync_memory_overflows: IntCounter,
 }
 
 impl FilterMetrics {
@@ -357,5 +375,15 @@ impl FilterMetrics {
     /// Counts gap ranges dropped because too many were open.
     pub fn sync_gaps_dropped(&self, ranges: usize) {
         self.sync_gaps_dropped.inc_by(ranges as u64);
+    }
+
+    /// Counts rows whose cached entries sync dropped because they changed.
+    pub fn sync_changed_rows(&self, rows: usize) {
+        self.sync_changed_rows.inc_by(rows as u64);
+    }
+
+    /// Counts a poll that read more rows than sync remembers.
+    pub fn sync_seen_overflow(&self) {
+        self.sync_memory_overflows.inc();
     }
 }
