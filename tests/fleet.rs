@@ -421,18 +421,25 @@ async fn measure_generation_load_against_a_full_build() {
     let cfg = |id: &str| {
         config(&db, &redis, "big", id, rows)
             .database("acquire_timeout = \"60s\"")
-            .fleet("lease_ttl = \"60s\"")
-            .fleet("lease_renew = \"10s\"")
             .toml()
+            .replace("lease_ttl = \"2s\"", "lease_ttl = \"60s\"")
+            .replace("lease_renew = \"500ms\"", "lease_renew = \"10s\"")
     };
     let started = Instant::now();
     let a = TestProxy::spawn(&cfg("a")).await;
     ready(&a, Duration::from_secs(900)).await;
     let built = started.elapsed();
     // Wait until the generation is published before starting the follower.
-    on_all(&[&a], Duration::from_secs(300), "published", async |p: &TestProxy| {
-        fleet_filter(p).await["serving"]["generation"].as_u64().is_some()
-    })
+    on_all(
+        &[&a],
+        Duration::from_secs(300),
+        "published",
+        async |p: &TestProxy| {
+            fleet_filter(p).await["serving"]["generation"]
+                .as_u64()
+                .is_some()
+        },
+    )
     .await;
     let published = started.elapsed();
     let f = fleet_filter(&a).await;
@@ -469,7 +476,11 @@ async fn measure_cross_instance_admission_latency() {
         let key = demo_absent_sku(100_000 + i);
         db.insert_product(key).await;
         let r = a
-            .admin_post("/admin/filters/products/keys", Some(TOKEN), &key.to_string())
+            .admin_post(
+                "/admin/filters/products/keys",
+                Some(TOKEN),
+                &key.to_string(),
+            )
             .await;
         assert_eq!(r.status.as_u16(), 200);
         let t = Instant::now();
@@ -477,7 +488,10 @@ async fn measure_cross_instance_admission_latency() {
             if b.get(&format!("/api/products/{key}")).await.status.as_u16() == 200 {
                 break;
             }
-            assert!(t.elapsed() < Duration::from_secs(10), "key {key} never reached B");
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "key {key} never reached B"
+            );
         }
         took.push(t.elapsed());
     }

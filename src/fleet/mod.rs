@@ -112,6 +112,9 @@ pub struct Fleet {
     redis_up: AtomicBool,
     /// Woken when Redis goes away, comes back, or is found reset.
     changed: Notify,
+    /// Set once the first check of Redis has finished (either way): until then no
+    /// filter knows whether to follow or go on alone.
+    checked: tokio::sync::watch::Sender<bool>,
     /// The highest lease epoch seen per filter, to notice a Redis that went back in time.
     resets: AtomicU64,
     metrics: FleetMetrics,
@@ -188,6 +191,7 @@ impl Fleet {
             token: Mutex::new(None),
             redis_up: AtomicBool::new(false),
             changed: Notify::new(),
+            checked: tokio::sync::watch::Sender::new(false),
             resets: AtomicU64::new(0),
             metrics,
             outbox: Mutex::new(Some(outbox)),

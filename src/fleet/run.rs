@@ -80,6 +80,7 @@ impl Fleet {
                 }
                 Err(e) => self.redis_failed("epoch check", &e),
             }
+            self.checked.send_replace(true);
             tokio::time::sleep(self.config.retry_interval).await;
         }
     }
@@ -183,6 +184,12 @@ impl Fleet {
 
     /// The lifecycle of one filter on this instance.
     async fn supervise(self: Arc<Self>, m: Arc<Member>) {
+        // Whether Redis answers is known only after the first check: deciding before it
+        // would send every instance off on its own build at start.
+        let mut checked = self.checked.subscribe();
+        if checked.wait_for(|done| *done).await.is_err() {
+            return;
+        }
         let mut work: JoinSet<()> = JoinSet::new();
         let mut role = Role::Follower;
         loop {
@@ -225,7 +232,11 @@ impl Fleet {
     /// nothing loaded builds its own.
     fn standalone(&self, m: &Arc<Member>, work: &mut JoinSet<()>) {
         self.metrics.fallback();
-        lock(&m.status).lease = None;
+        {
+            let mut s = lock(&m.status);
+            s.lease = None;
+            s.holder = None;
+        }
         tracing::warn!(filter = %m.name, ready = m.filter.is_ready(),
             "Redis unreachable: syncing on this instance alone until it is back");
         if !m.filter.is_ready() {

@@ -63,7 +63,7 @@ impl FleetMetrics {
             lag_entries: family(
                 registry,
                 "bloomgate_fleet_stream_lag_entries",
-                "Change stream entries this instance has not applied yet (at most 10000 counted).",
+                "Change stream entries this instance has not applied yet (at most 1000 counted).",
                 &[],
             )?,
             lag_seconds: family(
