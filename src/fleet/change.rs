@@ -16,31 +16,8 @@ use redis::Value;
 
 use crate::config::Normalize;
 use crate::gate::admit::Forget;
+pub use crate::gate::admit::{Change, MAX_KEYS_PER_ENTRY};
 use crate::key::{KeyBytes, OwnedKey, normalize};
-
-/// Most keys one entry carries; an admission of more is split.
-pub const MAX_KEYS_PER_ENTRY: usize = 1000;
-
-/// A change, as written to the stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
-    /// Keys became present in `filter`; drop their cache entries as `forget` says.
-    Admit {
-        /// The filter's name.
-        filter: Arc<str>,
-        /// The keys, canonical.
-        keys: Vec<OwnedKey>,
-        /// Which cache entries to drop.
-        forget: Forget,
-    },
-    /// Drop every cache entry of these keys on the routes `filter` guards.
-    Invalidate {
-        /// The filter's name.
-        filter: Arc<str>,
-        /// The keys, canonical.
-        keys: Vec<OwnedKey>,
-    },
-}
 
 /// A change as read back, or a generation announcement.
 #[derive(Debug, Clone, PartialEq, Eq)]

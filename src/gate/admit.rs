@@ -11,7 +11,6 @@ use tokio::sync::mpsc;
 
 use super::Filter;
 use crate::cache::ResponseCache;
-use crate::fleet::change::{Change, MAX_KEYS_PER_ENTRY};
 use crate::key::OwnedKey;
 
 /// What an admission drops from the response cache.
@@ -22,6 +21,30 @@ pub enum Forget {
     /// Every entry of the key, positive ones too (the admin API: the operator says the
     /// key's data is new).
     Everything,
+}
+
+/// Most keys one entry carries; an admission of more is split.
+pub const MAX_KEYS_PER_ENTRY: usize = 1000;
+
+/// A change, as written to the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Keys became present in `filter`; drop their cache entries as `forget` says.
+    Admit {
+        /// The filter's name.
+        filter: Arc<str>,
+        /// The keys, canonical.
+        keys: Vec<OwnedKey>,
+        /// Which cache entries to drop.
+        forget: Forget,
+    },
+    /// Drop every cache entry of these keys on the routes `filter` guards.
+    Invalidate {
+        /// The filter's name.
+        filter: Arc<str>,
+        /// The keys, canonical.
+        keys: Vec<OwnedKey>,
+    },
 }
 
 /// Admits keys into filters and keeps the response cache consistent with them.
