@@ -272,18 +272,7 @@ pub fn judge(
 ) -> Result<(), GenerationError> {
     let bad = |why: String| Err(GenerationError::Implausible(why));
     let p = snap.filter.params();
-    if (p.false_positive_rate - config.false_positive_rate).abs() > 1e-12 {
-        return bad(format!(
-            "false-positive rate {} where the config says {}",
-            p.false_positive_rate, config.false_positive_rate
-        ));
-    }
-    if p.expected_items < config.expected_items {
-        return bad(format!(
-            "capacity {} below the configured {}",
-            p.expected_items, config.expected_items
-        ));
-    }
+    crate::gate::fits_config(p, config).map_err(GenerationError::Implausible)?;
     let stats = snap.filter.stats();
     if stats.items != current.items {
         return bad(format!(

@@ -115,7 +115,7 @@ pub struct Fleet {
     /// Set once the first check of Redis has finished (either way): until then no
     /// filter knows whether to follow or go on alone.
     checked: tokio::sync::watch::Sender<bool>,
-    /// The highest lease epoch seen per filter, to notice a Redis that went back in time.
+    /// How many times Redis was found to have lost its data (for `/admin/fleet`).
     resets: AtomicU64,
     metrics: FleetMetrics,
     outbox: Mutex<Option<mpsc::Receiver<Change>>>,

@@ -7,7 +7,6 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::Value;
 use redis::aio::ConnectionManager;
@@ -267,11 +266,6 @@ pub async fn max_deleted(
 
 /// Stream fields of one entry, as the reply gave them.
 pub type Fields = HashMap<String, Value>;
-
-/// Sleeps `d`; a name for the waits between retries.
-pub async fn pause(d: Duration) {
-    tokio::time::sleep(d).await;
-}
 
 impl Fleet {
     /// Decodes an entry against this instance's filters.

@@ -173,12 +173,11 @@ impl Filter {
             }
         };
         let p = snap.filter.params();
-        let rate_matches = (p.false_positive_rate - self.config.false_positive_rate).abs() < 1e-12;
-        if !rate_matches || p.expected_items < self.config.expected_items {
+        if let Err(why) = fits_config(p, &self.config) {
             tracing::warn!(filter = %self.name, path = %path.display(),
                 snapshot_capacity = p.expected_items, snapshot_rate = p.false_positive_rate,
                 config_capacity = self.config.expected_items, config_rate = self.config.false_positive_rate,
-                "snapshot parameters do not match the config; building from the source instead");
+                mismatch = %why, "snapshot parameters do not match the config; building from the source instead");
             self.metrics.snapshot_load(false);
             return false;
         }
@@ -405,6 +404,25 @@ pub async fn start_watermark(
         WatermarkKind::Integer => Watermark::Int(i64::MIN),
         WatermarkKind::Timestamp => Watermark::TimeMicros(chrono::Utc::now().timestamp_micros()),
     })))
+}
+
+/// Whether a filter built elsewhere (a snapshot file, a fleet generation) with
+/// parameters `p` can serve `config`: the same false-positive rate, and at least the
+/// configured capacity. The error says what differs.
+pub fn fits_config(p: BloomParams, config: &FilterConfig) -> Result<(), String> {
+    if (p.false_positive_rate - config.false_positive_rate).abs() >= 1e-12 {
+        return Err(format!(
+            "false-positive rate {} where the config says {}",
+            p.false_positive_rate, config.false_positive_rate
+        ));
+    }
+    if p.expected_items < config.expected_items {
+        return Err(format!(
+            "capacity {} below the configured {}",
+            p.expected_items, config.expected_items
+        ));
+    }
+    Ok(())
 }
 
 /// Streams `source` into `filter`, normalising each key with `rule`; `progress` is called

@@ -25,7 +25,7 @@ use arc_swap::ArcSwapOption;
 use serde::Serialize;
 use tokio::sync::Notify;
 
-pub use build::{LoadError, fill, secret_seed, start_watermark};
+pub use build::{LoadError, fill, fits_config, secret_seed, start_watermark};
 
 use crate::config::{FilterConfig, Normalize};
 use crate::filter::FilterStats;
