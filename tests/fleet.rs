@@ -255,6 +255,64 @@ async fn a_negative_entry_on_one_instance_goes_when_the_key_is_admitted_on_anoth
     .await;
 }
 
+/// A key admitted on A while Redis does not answer waits in A's outbox and reaches B once
+/// Redis answers again: an outage delays an admission, it does not lose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_made_while_redis_is_frozen_reaches_the_others_when_it_thaws() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let cfg = |id: &str| {
+        config(&db, &redis, "outage", id, 2_000)
+            .fleet("command_timeout = \"300ms\"")
+            .toml()
+    };
+    let a = TestProxy::spawn(&cfg("a")).await;
+    let b = TestProxy::spawn(&cfg("b")).await;
+    for p in [&a, &b] {
+        ready(p, Duration::from_secs(60)).await;
+    }
+    let key = demo_absent_sku(77);
+    db.insert_product(key).await;
+    let path = format!("/api/products/{key}");
+    assert_eq!(b.get(&path).await.status.as_u16(), 404);
+    let appended = "bloomgate_fleet_stream_entries_total{direction=\"appended\"}";
+    let before = a.metric_or_absent(appended).await.unwrap_or(0.0);
+
+    redis.freeze();
+    on_all(
+        &[&a, &b],
+        Duration::from_secs(30),
+        "Redis seen down",
+        async |p: &TestProxy| p.admin_get("/admin/fleet").await.json()["redis"]["up"] == false,
+    )
+    .await;
+    let r = a
+        .admin_post(
+            "/admin/filters/products/keys",
+            Some(TOKEN),
+            &key.to_string(),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    assert_eq!(a.get(&path).await.status.as_u16(), 200);
+    // B has no sync of its own here (no sync query): only the stream can bring the key.
+    assert_eq!(b.get(&path).await.status.as_u16(), 404);
+    assert_eq!(a.metric_or_absent(appended).await.unwrap_or(0.0), before);
+
+    redis.thaw();
+    on_all(
+        &[&b],
+        Duration::from_secs(30),
+        "the key admitted during the outage",
+        async |p: &TestProxy| p.get(&path).await.status.as_u16() == 200,
+    )
+    .await;
+    assert!(a.metric(appended).await > before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_refuse_a_corrupt_or_an_all_zero_generation_and_keep_serving() {
     let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
