@@ -313,6 +313,153 @@ async fn an_admission_made_while_redis_is_frozen_reaches_the_others_when_it_thaw
     assert!(a.metric(appended).await > before);
 }
 
+/// A builder cut off from Redis for less than its lease goes on alone meanwhile; when
+/// Redis answers again and still holds its lease unchanged, it takes the lease back at
+/// once (same fencing epoch) rather than leaving the filter without a builder until the
+/// lease expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_builder_cut_off_briefly_takes_its_lease_back_when_redis_returns() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    // A lease far longer than the test's wait: only taking it back can make a builder in time.
+    let cfg = |id: &str| {
+        config(&db, &redis, "lapse", id, 2_000)
+            .fleet("command_timeout = \"300ms\"")
+            .toml()
+            .replace("lease_ttl = \"2s\"", "lease_ttl = \"60s\"")
+            .replace("lease_renew = \"500ms\"", "lease_renew = \"1s\"")
+    };
+    let a = TestProxy::spawn(&cfg("a")).await;
+    ready(&a, Duration::from_secs(60)).await;
+    let b = TestProxy::spawn(&cfg("b")).await;
+    ready(&b, Duration::from_secs(60)).await;
+    let before = fleet_filter(&a).await;
+    assert_eq!(before["role"], "builder", "{before}");
+
+    redis.freeze();
+    on_all(
+        &[&a, &b],
+        Duration::from_secs(30),
+        "standalone",
+        async |p: &TestProxy| fleet_filter(p).await["role"] == "standalone",
+    )
+    .await;
+    redis.thaw();
+    on_all(
+        &[&a],
+        Duration::from_secs(20),
+        "builder again",
+        async |p: &TestProxy| fleet_filter(p).await["role"] == "builder",
+    )
+    .await;
+    let after = fleet_filter(&a).await;
+    assert_eq!(after["lease_epoch"], before["lease_epoch"], "{after}");
+    on_all(
+        &[&b],
+        Duration::from_secs(20),
+        "following a again",
+        async |p: &TestProxy| {
+            let f = fleet_filter(p).await;
+            f["role"] == "follower" && f["lease_holder"] == "a"
+        },
+    )
+    .await;
+    assert_eq!(
+        a.metric("bloomgate_fleet_lease_changes_total{change=\"acquired\",filter=\"products\"}")
+            .await,
+        1.0
+    );
+}
+
+/// A generation that Redis refuses to take (here the Redis user may not yet write the
+/// chunk keys) is tried again while the instance builds, and goes out, to be loaded by
+/// a follower, once Redis accepts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_publication_is_tried_again_until_redis_accepts_it() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let mut admin = redis.conn().await;
+    let f = "retry:filter:products";
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("fleet")
+        .arg("on")
+        .arg(">pw")
+        .arg("resetkeys")
+        .arg("~retry:epoch")
+        .arg("~retry:stream")
+        .arg(format!("~{f}:lease"))
+        .arg(format!("~{f}:fence"))
+        .arg(format!("~{f}:gen_seq"))
+        .arg(format!("~{f}:current"))
+        .arg("+@all")
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let url = format!("redis://fleet:pw@127.0.0.1:{}", redis.port());
+    let cfg = |id: &str| {
+        config(&db, &redis, "retry", id, 2_000).toml().replace(
+            &format!("redis_url = \"{}\"", redis.url()),
+            &format!("redis_url = \"{url}\""),
+        )
+    };
+    let a = TestProxy::spawn(&cfg("a")).await;
+    ready(&a, Duration::from_secs(60)).await;
+    // Three generation numbers drawn: three attempts, none of them current.
+    eventually(
+        "three publication attempts",
+        Duration::from_secs(30),
+        || {
+            let mut admin = admin.clone();
+            async move {
+                let drawn: Option<u64> = admin.get(format!("{f}:gen_seq")).await.expect("GET");
+                drawn.unwrap_or(0) >= 3
+            }
+        },
+    )
+    .await;
+    let current: bool = admin.exists(format!("{f}:current")).await.expect("EXISTS");
+    assert!(!current);
+    assert_eq!(fleet_filter(&a).await["serving"], serde_json::Value::Null);
+
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("fleet")
+        .arg(format!("~{f}:gen:*"))
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    on_all(
+        &[&a],
+        Duration::from_secs(30),
+        "published",
+        async |p: &TestProxy| fleet_filter(p).await["serving"]["generation"].is_u64(),
+    )
+    .await;
+    let generation = fleet_filter(&a).await["serving"]["generation"].clone();
+    let b = TestProxy::spawn(&cfg("b")).await;
+    ready(&b, Duration::from_secs(60)).await;
+    let loaded = fleet_filter(&b).await;
+    assert_eq!(
+        (&loaded["role"], &loaded["serving"]["generation"]),
+        (&serde_json::json!("follower"), &generation),
+        "{loaded}"
+    );
+    assert_eq!(
+        b.get(&format!("/api/products/{}", demo_sku(9)))
+            .await
+            .status
+            .as_u16(),
+        200
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_refuse_a_corrupt_or_an_all_zero_generation_and_keep_serving() {
     let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
@@ -470,6 +617,11 @@ async fn measure_generation_load_against_a_full_build() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
+    // The proxies run in this process: their logs show where the time goes.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("bloomgate=info")
+        .with_writer(std::io::stderr)
+        .try_init();
     let seeding = Instant::now();
     let db = TestDb::create_heavy(&server, rows).await;
     eprintln!("seeded {rows} rows in {:?}", seeding.elapsed());

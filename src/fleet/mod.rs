@@ -84,6 +84,9 @@ pub struct Member {
 struct MemberStatus {
     role: Role,
     lease: Option<Lease>,
+    /// The lease held when Redis went away: if Redis still holds it unchanged on return,
+    /// this instance takes it back at once instead of waiting for it to expire.
+    lapsed: Option<Lease>,
     holder: Option<String>,
     /// The generation this instance serves (loaded or published).
     serving: Option<Current>,
@@ -112,6 +115,8 @@ pub struct Fleet {
     redis_up: AtomicBool,
     /// Woken when Redis goes away, comes back, or is found reset.
     changed: Notify,
+    /// Woken when a Redis call fails: the watcher checks Redis at once.
+    recheck: Notify,
     /// Set once the first check of Redis has finished (either way): until then no
     /// filter knows whether to follow or go on alone.
     checked: tokio::sync::watch::Sender<bool>,
@@ -166,6 +171,7 @@ impl Fleet {
                         status: Mutex::new(MemberStatus {
                             role: Role::Follower,
                             lease: None,
+                            lapsed: None,
                             holder: None,
                             serving: None,
                             current: None,
@@ -191,6 +197,7 @@ impl Fleet {
             token: Mutex::new(None),
             redis_up: AtomicBool::new(false),
             changed: Notify::new(),
+            recheck: Notify::new(),
             checked: tokio::sync::watch::Sender::new(false),
             resets: AtomicU64::new(0),
             metrics,
@@ -221,14 +228,20 @@ impl Fleet {
         }
     }
 
-    /// Records a failed Redis call: Redis counts as down until the next good check.
+    /// Records a failed Redis call and asks the watcher to check Redis now. One failed
+    /// call (a timeout under load) does not make Redis count as down: the watcher's
+    /// check decides, so a filter is not sent off on its own by a single slow reply.
     fn redis_failed(&self, what: &str, e: &redis::RedisError) {
+        tracing::debug!(during = what, error = %e, "fleet Redis call failed; checking Redis");
+        self.recheck.notify_one();
+    }
+
+    /// Redis failed the watcher's check: it counts as down until the next good check.
+    fn redis_down(&self, e: &redis::RedisError) {
         if self.redis_up.swap(false, Ordering::AcqRel) {
-            tracing::warn!(during = what, error = %e, "lost the fleet's Redis; each filter goes on alone until it is back");
+            tracing::warn!(error = %e, "lost the fleet's Redis; each filter goes on alone until it is back");
             self.metrics.set_redis_up(false);
             self.changed.notify_waiters();
-        } else {
-            tracing::debug!(during = what, error = %e, "fleet Redis call failed");
         }
     }
 

@@ -40,7 +40,10 @@ impl Fleet {
     pub async fn release_leases(&self) {
         let mut conn = self.conn.clone();
         for m in self.members.values() {
-            let held = lock(&m.status).lease.take();
+            let held = {
+                let mut s = lock(&m.status);
+                s.lease.take().or(s.lapsed.take())
+            };
             if let Some(l) = held {
                 match lease::release(&mut conn, &self.keys.lease(&m.name), &l).await {
                     Ok(true) => {
@@ -55,7 +58,7 @@ impl Fleet {
         }
     }
 
-    /// Checks Redis every `retry_interval`: reachable, same data as before (the epoch
+    /// Checks Redis every `retry_interval`, and at once when a call failed: reachable, same data as before (the epoch
     /// token), stream lag, and entries trimmed past this instance's position.
     async fn watch(self: Arc<Self>) {
         let mut warned_policy = false;
@@ -78,10 +81,13 @@ impl Fleet {
                         self.redis_failed("lag check", &e);
                     }
                 }
-                Err(e) => self.redis_failed("epoch check", &e),
+                Err(e) => self.redis_down(&e),
             }
             self.checked.send_replace(true);
-            tokio::time::sleep(self.config.retry_interval).await;
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.retry_interval) => {}
+                _ = self.recheck.notified() => {}
+            }
         }
     }
 
@@ -234,7 +240,9 @@ impl Fleet {
         self.metrics.fallback();
         {
             let mut s = lock(&m.status);
-            s.lease = None;
+            if let Some(l) = s.lease.take() {
+                s.lapsed = Some(l);
+            }
             s.holder = None;
         }
         tracing::warn!(filter = %m.name, ready = m.filter.is_ready(),
@@ -265,18 +273,27 @@ impl Fleet {
             Ok(Attempt::Taken(l)) => {
                 tracing::info!(filter = %m.name, epoch = l.epoch, "took the builder lease");
                 self.metrics.lease_change(&m.name, "acquired");
-                {
-                    let mut s = lock(&m.status);
-                    s.lease = Some(l.clone());
-                    s.holder = Some(l.value.clone());
-                }
-                // Before building, catch up with what was published: a newer generation
-                // than this instance serves is the better start.
-                self.load_current(m).await;
-                work.spawn(Arc::clone(self).build(Arc::clone(m), l));
-                Role::Builder
+                self.start_building(m, l, work).await
             }
             Ok(Attempt::Held(holder)) => {
+                let lapsed = lock(&m.status).lapsed.take();
+                if let Some(l) = lapsed.filter(|l| l.value == holder) {
+                    // Nobody took it while Redis was away: the fencing epoch is still
+                    // this instance's, so renewing it (compare-and-set) is safe.
+                    match lease::renew(&mut conn, &self.keys.lease(&m.name), &l, ttl).await {
+                        Ok(true) => {
+                            tracing::info!(filter = %m.name, epoch = l.epoch,
+                                "kept the builder lease through the Redis outage");
+                            return self.start_building(m, l, work).await;
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            self.redis_failed("lease", &e);
+                            lock(&m.status).lapsed = Some(l);
+                            return Role::Follower;
+                        }
+                    }
+                }
                 lock(&m.status).holder = Some(holder);
                 self.load_current(m).await;
                 Role::Follower
@@ -286,6 +303,25 @@ impl Fleet {
                 Role::Follower
             }
         }
+    }
+
+    /// Holding lease `l`: catch up with what was published, then build and publish.
+    async fn start_building(
+        self: &Arc<Self>,
+        m: &Arc<Member>,
+        l: Lease,
+        work: &mut JoinSet<()>,
+    ) -> Role {
+        {
+            let mut s = lock(&m.status);
+            s.lease = Some(l.clone());
+            s.lapsed = None;
+            s.holder = Some(l.value.clone());
+        }
+        // A newer generation than this instance serves is the better start.
+        self.load_current(m).await;
+        work.spawn(Arc::clone(self).build(Arc::clone(m), l));
+        Role::Builder
     }
 
     /// As the builder: renew the lease; on losing it, stop building.
@@ -469,41 +505,55 @@ impl Fleet {
             return;
         };
         let mut conn = self.conn.clone();
-        let published = generation::publish(
-            &mut conn,
-            &self.keys,
-            Publication {
-                filter: &m.name,
-                lease: l,
-                bytes: &bytes,
-                items,
-                start,
-                instance: &self.instance,
-                chunk_bytes: self.config.chunk_bytes,
-                grace_ms: self.config.generation_grace.as_millis() as u64,
-                upload_ttl_ms: (self.config.generation_grace.as_millis() as u64).max(600_000),
-            },
-        )
-        .await;
-        match published {
-            Ok(c) => {
-                tracing::info!(filter = %m.name, generation = c.generation, items, bytes = bytes.len(),
-                    start = %start, "published a generation");
-                self.metrics.generation(&m.name, "published");
-                self.metrics.set_generation(&m.name, c.generation);
-                self.metrics.set_current(&m.name, c.generation, true);
-                {
-                    let mut s = lock(&m.status);
-                    s.serving = Some(c.clone());
-                    s.current = Some(c);
+        // A failed upload or flip (a Redis error, a chunk gone before the flip) is tried
+        // again while this instance builds: until a generation is out, followers that
+        // start have nothing to load. A lost lease ends it, as does the role ending
+        // (this task is aborted then).
+        loop {
+            let published = generation::publish(
+                &mut conn,
+                &self.keys,
+                Publication {
+                    filter: &m.name,
+                    lease: l,
+                    bytes: &bytes,
+                    items,
+                    start,
+                    instance: &self.instance,
+                    chunk_bytes: self.config.chunk_bytes,
+                    grace_ms: self.config.generation_grace.as_millis() as u64,
+                    upload_ttl_ms: (self.config.generation_grace.as_millis() as u64).max(600_000),
+                },
+            )
+            .await;
+            match published {
+                Ok(c) => {
+                    tracing::info!(filter = %m.name, generation = c.generation, items, bytes = bytes.len(),
+                        start = %start, "published a generation");
+                    self.metrics.generation(&m.name, "published");
+                    self.metrics.set_generation(&m.name, c.generation);
+                    self.metrics.set_current(&m.name, c.generation, true);
+                    {
+                        let mut s = lock(&m.status);
+                        s.serving = Some(c.clone());
+                        s.current = Some(c);
+                    }
+                    self.trim().await;
+                    return;
                 }
-                self.trim().await;
-            }
-            Err(GenerationError::Fenced) => {
-                tracing::warn!(filter = %m.name, "not published: the builder lease was lost");
-            }
-            Err(e) => {
-                tracing::error!(filter = %m.name, error = %e, "publishing a generation failed");
+                Err(GenerationError::Fenced) => {
+                    tracing::warn!(filter = %m.name, "not published: the builder lease was lost");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(filter = %m.name, error = %e,
+                        retry_in_ms = self.config.retry_interval.as_millis() as u64,
+                        "publishing a generation failed");
+                    if let GenerationError::Redis(e) = &e {
+                        self.redis_failed("publish", e);
+                    }
+                    tokio::time::sleep(self.config.retry_interval).await;
+                }
             }
         }
     }
