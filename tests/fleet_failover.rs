@@ -670,7 +670,8 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
     .await;
 
     // Redis comes back empty on the same port: the reset is seen, one builder
-    // publishes a fresh generation, every instance follows it.
+    // publishes a fresh generation (numbered on from the old ones), every instance
+    // follows it.
     let restarted_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
@@ -703,6 +704,10 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
             "{f}"
         );
         // The generation served was published into the new Redis, not kept from the old.
+        assert!(
+            f["filters"][0]["serving"]["generation"].as_u64() > Some(gen0),
+            "{f}"
+        );
         let at = f["filters"][0]["serving"]["published_at_ms"]
             .as_u64()
             .unwrap_or(0);

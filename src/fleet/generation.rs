@@ -110,6 +110,10 @@ pub struct Publication<'a> {
     pub start: StreamPos,
     /// The publishing instance.
     pub instance: &'a str,
+    /// The highest generation number the publisher has seen: the new one is higher even
+    /// when Redis lost its counter (a restart without its data), so a number is never
+    /// reused for a different filter.
+    pub after: u64,
     /// Bytes per chunk.
     pub chunk_bytes: usize,
     /// How long the superseded generation stays readable.
@@ -124,8 +128,15 @@ pub async fn publish(
     keys: &Keys,
     p: Publication<'_>,
 ) -> Result<Current, GenerationError> {
-    let generation: u64 = redis::cmd("INCR")
-        .arg(keys.generation_seq(p.filter))
+    let seq = keys.generation_seq(p.filter);
+    let (generation,): (u64,) = redis::pipe()
+        .cmd("SET")
+        .arg(&seq)
+        .arg(p.after)
+        .arg("NX")
+        .ignore()
+        .cmd("INCR")
+        .arg(&seq)
         .query_async(conn)
         .await?;
     let chunk_bytes = p.chunk_bytes.max(1);

@@ -377,7 +377,10 @@ impl Fleet {
             current.as_ref().map_or(0, |c| c.generation),
             holder,
         );
-        let Some(current) = current else { return };
+        let Some(current) = current else {
+            lock(&m.status).current = None;
+            return;
+        };
         let (serving, forced) = {
             let mut s = lock(&m.status);
             s.current = Some(current.clone());
@@ -504,6 +507,11 @@ impl Fleet {
         let Ok(Some((bytes, _mark, items))) = encoded else {
             return;
         };
+        let after = {
+            let s = lock(&m.status);
+            let number = |c: &Option<Current>| c.as_ref().map_or(0, |c| c.generation);
+            number(&s.serving).max(number(&s.current))
+        };
         let mut conn = self.conn.clone();
         // A failed upload or flip (a Redis error, a chunk gone before the flip) is tried
         // again while this instance builds: until a generation is out, followers that
@@ -520,6 +528,7 @@ impl Fleet {
                     items,
                     start,
                     instance: &self.instance,
+                    after,
                     chunk_bytes: self.config.chunk_bytes,
                     grace_ms: self.config.generation_grace.as_millis() as u64,
                     upload_ttl_ms: (self.config.generation_grace.as_millis() as u64).max(600_000),
