@@ -78,13 +78,7 @@ impl Handler for Admin {
                     );
                 };
                 match *action {
-                    "rebuild" => {
-                        filter.request_rebuild(crate::gate::RebuildReason::Requested);
-                        json_response(
-                            StatusCode::ACCEPTED,
-                            &json!({"filter": filter.name(), "rebuild": "requested"}),
-                        )
-                    }
+                    "rebuild" => self.rebuild(&filter).await,
                     "keys" => self.add_keys(&filter, req).await,
                     _ => error(StatusCode::NOT_FOUND, "not_found", "unknown admin path"),
                 }
@@ -207,6 +201,36 @@ impl Admin {
                 "a valid bearer token is required",
             )),
         }
+    }
+
+    /// Asks for a rebuild: on this instance, or in a fleet on the filter's builder
+    /// (`builder` in the reply names it when the request was sent on).
+    async fn rebuild(&self, filter: &Filter) -> Response<Full<Bytes>> {
+        let sent_to = match &self.fleet {
+            Some(fleet) => match fleet.send_rebuild(filter.name()).await {
+                Ok(sent_to) => sent_to,
+                Err(e) => {
+                    tracing::warn!(filter = %filter.name(), error = %e,
+                        "could not send a rebuild request to the fleet's builder");
+                    return error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "fleet_unreachable",
+                        &format!(
+                            "this instance follows the filter's builder and could not send it the request through Redis ({e}); try again, or ask the builder"
+                        ),
+                    );
+                }
+            },
+            None => None,
+        };
+        if sent_to.is_none() {
+            filter.request_rebuild(crate::gate::RebuildReason::Requested);
+        }
+        let mut body = json!({"filter": filter.name(), "rebuild": "requested"});
+        if let Some(builder) = sent_to {
+            body["builder"] = json!(builder);
+        }
+        json_response(StatusCode::ACCEPTED, &body)
     }
 
     async fn add_keys(&self, filter: &Filter, req: Request<Incoming>) -> Response<Full<Bytes>> {

@@ -460,6 +460,108 @@ async fn a_refused_publication_is_tried_again_until_redis_accepts_it() {
     );
 }
 
+/// A rebuild asked for on a follower is sent to the builder, which scans and publishes;
+/// the follower loads the result and never scans. While Redis is away, the instance that
+/// goes on alone runs the rebuild asked of it itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_asked_of_a_follower_runs_on_the_builder_and_alone_runs_locally() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let cfg = |id: &str| {
+        config(&db, &redis, "rebuild", id, 2_000)
+            .fleet("command_timeout = \"300ms\"")
+            .toml()
+    };
+    let a = TestProxy::spawn(&cfg("a")).await;
+    ready(&a, Duration::from_secs(60)).await;
+    let b = TestProxy::spawn(&cfg("b")).await;
+    ready(&b, Duration::from_secs(60)).await;
+    let loads = "bloomgate_filter_loads_total{filter=\"products\",result=\"ok\"}";
+    let builds = async |p: &TestProxy| p.metric_or_absent(loads).await.unwrap_or(0.0);
+    assert_eq!((builds(&a).await, builds(&b).await), (1.0, 0.0));
+    let generation = fleet_filter(&b).await["serving"]["generation"].as_u64();
+
+    let r = b
+        .admin_post("/admin/filters/products/rebuild", Some(TOKEN), "")
+        .await;
+    assert_eq!(r.status.as_u16(), 202, "{}", r.text());
+    assert_eq!(r.json()["builder"], "a", "{}", r.text());
+    on_all(
+        &[&b],
+        Duration::from_secs(30),
+        "the rebuilt generation",
+        async |p: &TestProxy| fleet_filter(p).await["serving"]["generation"].as_u64() > generation,
+    )
+    .await;
+    assert_eq!((builds(&a).await, builds(&b).await), (2.0, 0.0));
+
+    redis.freeze();
+    on_all(
+        &[&b],
+        Duration::from_secs(30),
+        "standalone",
+        async |p: &TestProxy| fleet_filter(p).await["role"] == "standalone",
+    )
+    .await;
+    let r = b
+        .admin_post("/admin/filters/products/rebuild", Some(TOKEN), "")
+        .await;
+    assert_eq!(r.status.as_u16(), 202, "{}", r.text());
+    assert_eq!(r.json()["builder"], serde_json::Value::Null, "{}", r.text());
+    on_all(
+        &[&b],
+        Duration::from_secs(30),
+        "a rebuild on the instance alone",
+        async |p: &TestProxy| builds(p).await == 1.0,
+    )
+    .await;
+    redis.thaw();
+}
+
+/// A follower that cannot send a rebuild request on (its Redis user may not append to the
+/// stream) says so with 503 `fleet_unreachable`, rather than accepting a request that
+/// nobody will run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_a_follower_cannot_send_on_is_refused_with_the_reason() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 1_000).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let mut admin = redis.conn().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "reader", "on", ">pw", "~*", "+@all", "-xadd"])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let a = TestProxy::spawn(&config(&db, &redis, "norebuild", "a", 2_000).toml()).await;
+    ready(&a, Duration::from_secs(60)).await;
+    let b_url = format!("redis://reader:pw@127.0.0.1:{}", redis.port());
+    let b = TestProxy::spawn(
+        &config(&db, &redis, "norebuild", "b", 2_000)
+            .toml()
+            .replace(&redis.url(), &b_url),
+    )
+    .await;
+    ready(&b, Duration::from_secs(60)).await;
+    assert_eq!(fleet_filter(&b).await["role"], "follower");
+    let r = b
+        .admin_post("/admin/filters/products/rebuild", Some(TOKEN), "")
+        .await;
+    assert_eq!(r.status.as_u16(), 503, "{}", r.text());
+    assert_eq!(r.json()["error"], "fleet_unreachable", "{}", r.text());
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.to_lowercase().contains("noperm")),
+        "{}",
+        r.text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_refuse_a_corrupt_or_an_all_zero_generation_and_keep_serving() {
     let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {

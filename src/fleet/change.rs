@@ -1,7 +1,9 @@
 //! Entries of the change stream: what one instance tells the others. An entry is a
-//! Redis Stream entry whose fields are `op` (`admit`, `invalidate` or `gen`), `f` (the
-//! filter's name), `src` (the writing instance), and for `admit` `forget` (`absence` or
-//! `everything`) and `keys`, for `invalidate` `keys`, for `gen` `g` (the generation).
+//! Redis Stream entry whose fields are `op` (`admit`, `invalidate`, `gen` or `rebuild`),
+//! `f` (the filter's name), `src` (the writing instance), and for `admit` `forget`
+//! (`absence` or `everything`) and `keys`, for `invalidate` `keys`, for `gen` `g` (the
+//! generation); `rebuild` (a rebuild asked on an instance that does not build) has no
+//! other field.
 //!
 //! `keys` holds keys in their canonical text, each as a 4-byte big-endian length and
 //! its bytes. Whoever can write to Redis can write an entry, so reading one trusts
@@ -31,6 +33,20 @@ pub enum Entry {
         /// The generation.
         generation: u64,
     },
+    /// A rebuild of `filter` was asked for on an instance that is not its builder.
+    Rebuild {
+        /// The filter's name.
+        filter: Arc<str>,
+    },
+}
+
+/// The stream fields of a rebuild request for `filter`, written by instance `src`.
+pub fn rebuild_fields(filter: &str, src: &str) -> [(&'static str, Vec<u8>); 3] {
+    [
+        ("op", b"rebuild".to_vec()),
+        ("f", filter.as_bytes().to_vec()),
+        ("src", src.as_bytes().to_vec()),
+    ]
 }
 
 /// Why an entry was refused.
@@ -178,6 +194,7 @@ pub fn decode(
                 generation: g,
             }
         }
+        b"rebuild" => Entry::Rebuild { filter },
         other => return Err(EntryError::UnknownOp(String::from_utf8_lossy(other).into())),
     };
     Ok((entry, src))
@@ -320,6 +337,25 @@ mod tests {
             assert_eq!(decode(&m, rules).map(|e| e.0), Err(want), "{what}");
         }
         assert!(decode(&ok(), rules).is_ok());
+    }
+
+    #[test]
+    fn a_rebuild_request_reads_back_for_a_known_filter_only() {
+        let (entry, src) =
+            decode(&as_map(rebuild_fields("ints", "a").to_vec()), rules).expect("decodes");
+        assert_eq!(
+            (entry, src.as_deref()),
+            (
+                Entry::Rebuild {
+                    filter: Arc::from("ints")
+                },
+                Some("a")
+            )
+        );
+        assert_eq!(
+            decode(&as_map(rebuild_fields("nope", "a").to_vec()), rules),
+            Err(EntryError::UnknownFilter("nope".into()))
+        );
     }
 
     #[test]

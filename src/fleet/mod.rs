@@ -26,8 +26,8 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::config::FleetConfig;
 use crate::db::Db;
-use crate::gate::Filter;
 use crate::gate::admit::Admit;
+use crate::gate::{Filter, RebuildReason};
 use crate::key::OwnedKey;
 use crate::metrics::FleetMetrics;
 use change::{Change, Entry};
@@ -39,10 +39,10 @@ use stream::{Fields, StreamPos};
 /// Recently applied keys remembered per filter, to check generations against.
 const RECENT_KEYS: usize = 256;
 
-/// Why fleet mode could not be set up.
+/// Why fleet mode could not be set up, or a fleet request not be sent.
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
-    /// The Redis URL or client settings were refused.
+    /// The Redis URL or client settings were refused, or a Redis call failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
 }
@@ -264,6 +264,16 @@ impl Fleet {
                 }
                 self.metrics.entries("applied", 1);
             }
+            Ok((Entry::Rebuild { filter }, src)) => {
+                if let Some(m) = self.members.get(&*filter)
+                    && lock(&m.status).role == Role::Builder
+                {
+                    tracing::info!(filter = %filter, asked_on = src.as_deref().unwrap_or("?"),
+                        "rebuild asked for on another instance");
+                    m.filter.request_rebuild(RebuildReason::Requested);
+                }
+                self.metrics.entries("applied", 1);
+            }
             Ok((Entry::Generation { filter, .. }, _)) => {
                 if let Some(m) = self.members.get(&*filter) {
                     m.announced.notify_one();
@@ -275,6 +285,37 @@ impl Fleet {
                 self.metrics.entries("rejected", 1);
             }
         }
+    }
+
+    /// Sends a rebuild request for filter `name` to its builder through the stream when
+    /// this instance only follows it; returns the builder asked. `None`: this instance
+    /// builds the filter itself (it holds the lease, or goes on alone while Redis is
+    /// away), so the caller asks for the rebuild here.
+    pub async fn send_rebuild(&self, name: &str) -> Result<Option<String>, FleetError> {
+        let Some(m) = self.members.get(name) else {
+            return Ok(None);
+        };
+        let (role, holder) = {
+            let s = lock(&m.status);
+            (s.role, s.holder.clone())
+        };
+        if role != Role::Follower {
+            return Ok(None);
+        }
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(self.keys.stream()).arg("*");
+        for (field, value) in change::rebuild_fields(name, &self.instance) {
+            cmd.arg(field).arg(value);
+        }
+        let mut conn = self.conn.clone();
+        cmd.query_async::<()>(&mut conn).await?;
+        Ok(Some(
+            holder
+                .as_deref()
+                .map(lease::holder)
+                .unwrap_or("")
+                .to_owned(),
+        ))
     }
 
     /// The state of every filter, for `/admin/fleet`.

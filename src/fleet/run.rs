@@ -247,7 +247,11 @@ impl Fleet {
         }
         tracing::warn!(filter = %m.name, ready = m.filter.is_ready(),
             "Redis unreachable: syncing on this instance alone until it is back");
-        if !m.filter.is_ready() {
+        // Alone, it runs its own builds: the first if it has no filter, then every
+        // scheduled, capacity or requested rebuild.
+        if m.filter.is_ready() {
+            work.spawn(Arc::clone(&m.filter).rebuild_loop(self.db.clone()));
+        } else {
             work.spawn(Arc::clone(&m.filter).run_loader(self.db.clone()));
         }
         work.spawn(crate::gate::sync::run(

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use rand::TryRngCore;
 
 use super::membership::Membership;
@@ -64,6 +65,11 @@ impl Filter {
                 delay = (delay * 2).min(self.config.load_retry_max);
             }
         }
+        self.rebuild_loop(db).await
+    }
+
+    /// Runs every rebuild that comes due (see [`Filter::next_rebuild`]), for ever.
+    pub async fn rebuild_loop(self: Arc<Self>, db: Db) {
         loop {
             let reason = self.next_rebuild().await;
             tracing::info!(filter = %self.name, reason = reason.as_str(), "rebuilding; the current filter keeps serving");
@@ -121,6 +127,14 @@ impl Filter {
             self.advance_watermark(w);
         }
         self.capacity_warned.store(false, Ordering::Relaxed);
+        // A capacity crossing of the filter this one replaces does not apply to it: the
+        // next admission judges the new one (a follower whose old filter filled up must
+        // not start a scan of its own later, when it goes on alone).
+        self.capacity_rebuild_pending
+            .store(false, Ordering::Release);
+        if *lock(&self.rebuild_reason) == RebuildReason::Capacity {
+            let _ = self.rebuild.notified().now_or_never();
+        }
         self.metrics.set_built_at(unix_now());
         self.metrics.set_ready(true);
         let now = unix_now();
