@@ -43,6 +43,8 @@ pub struct Admin {
     pub token: Option<String>,
     /// Fleet mode, when configured.
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// The origins' breakers and bounds, for `/admin/origins`.
+    pub origins: Vec<Arc<crate::origin::guard::OriginGuard>>,
 }
 
 impl Handler for Admin {
@@ -57,6 +59,10 @@ impl Handler for Admin {
             (&Method::GET, ["readyz"]) => self.readyz(),
             (&Method::GET, ["admin", "filters"]) => {
                 json_response(StatusCode::OK, &self.filters_json())
+            }
+            (&Method::GET, ["admin", "origins"]) => {
+                let origins: Vec<Value> = self.origins.iter().map(|o| o.status_json()).collect();
+                json_response(StatusCode::OK, &json!({ "origins": origins }))
             }
             (&Method::GET, ["admin", "fleet"]) => match &self.fleet {
                 Some(fleet) => json_response(StatusCode::OK, &fleet.status_json()),
@@ -93,7 +99,7 @@ impl Handler for Admin {
             (
                 _,
                 ["metrics" | "healthz" | "readyz"]
-                | ["admin", "filters" | "fleet"]
+                | ["admin", "filters" | "fleet" | "origins"]
                 | ["admin", "filters", _, "rebuild" | "keys"]
                 | ["admin", "cache", "invalidate"],
             ) => error(

@@ -23,6 +23,7 @@ use crate::gate::Filter;
 use crate::gate::admit::Admit;
 use crate::metrics::{FleetMetrics, Metrics};
 use crate::origin::client::Upstream;
+use crate::origin::guard::OriginGuard;
 use crate::origin::{Origin, SqlOrigin, UpstreamOrigin};
 use crate::pipeline::budget::Budget;
 use crate::pipeline::write_through::WriteThrough;
@@ -132,6 +133,20 @@ impl App {
             )?),
             None => None,
         };
+        let database_guard = config.database.as_ref().map(|d| {
+            Arc::new(OriginGuard::new(
+                "database",
+                &d.limits(),
+                metrics.origins.handles("database"),
+            ))
+        });
+        let upstream_guard = upstream.as_ref().map(|u| {
+            Arc::new(OriginGuard::new(
+                "upstream",
+                &u.settings.limits(),
+                metrics.origins.handles("upstream"),
+            ))
+        });
         let upstream = upstream.map(|u| Arc::new(Upstream::new(&u)));
         // In the order of `Compiled::filters`, which routes and rules refer to by position.
         let filters: Vec<Arc<Filter>> = compiled_filters
@@ -152,13 +167,20 @@ impl App {
         let mut routes = Vec::with_capacity(compiled_routes.len());
         for r in compiled_routes {
             let filter = Arc::clone(&filters[r.filter]);
-            let origin = match (r.origin, &db, &upstream) {
-                (CompiledOrigin::Sql { query, timeout }, Some(db), _) => Origin::Sql(SqlOrigin {
-                    db: db.clone(),
-                    query,
-                    timeout,
-                    ttl: r.ttl,
-                }),
+            let origin = match (
+                r.origin,
+                db.as_ref().zip(database_guard.as_ref()),
+                upstream.as_ref().zip(upstream_guard.as_ref()),
+            ) {
+                (CompiledOrigin::Sql { query, timeout }, Some((db, guard)), _) => {
+                    Origin::Sql(SqlOrigin {
+                        db: db.clone(),
+                        query,
+                        timeout,
+                        ttl: r.ttl,
+                        guard: Arc::clone(guard),
+                    })
+                }
                 (
                     CompiledOrigin::Upstream {
                         not_found,
@@ -166,7 +188,7 @@ impl App {
                         headers,
                     },
                     _,
-                    Some(upstream),
+                    Some((upstream, guard)),
                 ) => Origin::Upstream(UpstreamOrigin {
                     upstream: Arc::clone(upstream),
                     pattern: r.pattern.clone(),
@@ -174,6 +196,7 @@ impl App {
                     ttl: r.ttl,
                     forward_headers,
                     headers,
+                    guard: Arc::clone(guard),
                 }),
                 // `Config::compile` refuses both; a `Compiled` changed afterwards may not.
                 (CompiledOrigin::Sql { .. }, None, _) => {
@@ -282,6 +305,7 @@ impl App {
             metrics,
             token: config.admin.token.clone(),
             fleet: fleet.clone(),
+            origins: database_guard.into_iter().chain(upstream_guard).collect(),
         });
         let data = bind(config.server.listen).await?;
         let admin = bind(config.admin.listen).await?;

@@ -10,8 +10,8 @@ use std::fmt::Display;
 use std::time::Duration;
 
 use super::{
-    Config, ConfigError, FilterConfig, Normalize, OriginConfig, OutcomeHeaderPolicy, Problem,
-    RouteConfig, WatermarkKind,
+    BreakerConfig, Config, ConfigError, FilterConfig, Normalize, OriginConfig, OutcomeHeaderPolicy,
+    Problem, RouteConfig, WatermarkKind,
 };
 
 /// The problems found so far in one config.
@@ -121,6 +121,7 @@ impl Config {
             if up.timeout.is_zero() {
                 p.add("upstream.timeout", "must be greater than 0");
             }
+            check_limits(p, "upstream", up.max_in_flight, &up.breaker);
         } else {
             let users: Vec<String> = self
                 .routes
@@ -161,6 +162,7 @@ impl Config {
             if db.acquire_timeout.is_zero() {
                 p.add("database.acquire_timeout", "must be greater than 0");
             }
+            check_limits(p, "database", db.max_in_flight, &db.breaker);
         } else {
             let users: Vec<String> = self
                 .filters
@@ -357,3 +359,32 @@ fn is_identifier(s: &str) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+/// The concurrency bound and the breaker of origin `section`.
+fn check_limits(p: &mut Problems, section: &str, max_in_flight: Option<usize>, b: &BreakerConfig) {
+    if max_in_flight == Some(0) {
+        p.add(format!("{section}.max_in_flight"), "must be greater than 0");
+    }
+    if !b.enabled {
+        return;
+    }
+    let field = |name: &str| format!("{section}.breaker.{name}");
+    if b.consecutive_failures == 0 {
+        p.add(field("consecutive_failures"), "must be greater than 0");
+    }
+    if !(b.failure_ratio > 0.0 && b.failure_ratio <= 1.0) {
+        p.add(
+            field("failure_ratio"),
+            "must be greater than 0 and at most 1",
+        );
+    }
+    if b.min_calls == 0 {
+        p.add(field("min_calls"), "must be greater than 0");
+    }
+    if b.window < Duration::from_millis(10) {
+        p.add(field("window"), "must be at least 10ms");
+    }
+    if b.open_for.is_zero() {
+        p.add(field("open_for"), "must be greater than 0");
+    }
+}

@@ -5,6 +5,7 @@
 
 mod filter;
 mod fleet;
+mod origin;
 mod route;
 
 use prometheus::core::Collector;
@@ -14,6 +15,7 @@ use prometheus::{
 
 pub use filter::{FilterFamilies, FilterMetrics};
 pub use fleet::FleetMetrics;
+pub use origin::{OriginFamilies, OriginMetrics};
 pub use route::{RouteFamilies, RouteMetrics};
 
 /// Histogram buckets for request latency: from 50 µs (an intercepted request) to 10 s.
@@ -75,6 +77,8 @@ pub struct Metrics {
     pub routes: RouteFamilies,
     /// Filters.
     pub filters: FilterFamilies,
+    /// Origins (the database, the upstream).
+    pub origins: OriginFamilies,
     cache_entries: IntGaugeVec,
     passthrough: IntCounterVec,
     write_through: IntCounterVec,
@@ -99,6 +103,7 @@ impl Metrics {
         Ok(Metrics {
             routes: RouteFamilies::register(registry)?,
             filters: FilterFamilies::register(registry)?,
+            origins: OriginFamilies::register(registry)?,
             cache_entries: family(
                 registry,
                 "bloomgate_cache_entries",

@@ -3,7 +3,9 @@
 //! Found or NotFound; it does not cache (see `cache`) and is never reached for a key the
 //! gate refused.
 
+pub mod breaker;
 pub mod client;
+pub mod guard;
 pub mod http_cache;
 mod sql;
 mod upstream;
@@ -102,6 +104,32 @@ pub enum OriginError {
     /// The row could not be encoded as JSON.
     #[error("cannot encode the row: {0}")]
     Encode(#[from] serde_json::Error),
+    /// The call was not made: the origin's breaker is open, or no slot came free.
+    #[error("{origin} not called: {}", refusal.as_str())]
+    Refused {
+        /// The origin's name.
+        origin: &'static str,
+        /// Why.
+        refusal: guard::Refusal,
+    },
+}
+
+impl OriginError {
+    /// Whether this failure says the origin is unavailable (what the breaker counts): a
+    /// timeout, a database or upstream that cannot be reached, an upstream 5xx. A wrong
+    /// query or an answer that cannot be used says nothing about availability.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            OriginError::Timeout(_) | OriginError::DbUnavailable(_) => true,
+            OriginError::Upstream(e) => !matches!(e, UpstreamError::Uri(_)),
+            OriginError::UpstreamStatus(s) => s.is_server_error(),
+            OriginError::Db(_)
+            | OriginError::UpstreamBody(_)
+            | OriginError::UpstreamHost(_)
+            | OriginError::Encode(_)
+            | OriginError::Refused { .. } => false,
+        }
+    }
 }
 
 /// A route's origin: one kind per file of this module.
@@ -121,8 +149,8 @@ impl Origin {
         variant: Option<&Variant>,
     ) -> Result<Fetched, OriginError> {
         match self {
-            Origin::Sql(origin) => origin.fetch(key).await,
-            Origin::Upstream(origin) => origin.fetch(key, variant).await,
+            Origin::Sql(origin) => origin.guard.call(origin.fetch(key)).await,
+            Origin::Upstream(origin) => origin.guard.call(origin.fetch(key, variant)).await,
         }
     }
 

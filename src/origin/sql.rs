@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
+use super::guard::OriginGuard;
 use super::{CachedResponse, Fetched, OriginError, Validators};
 use crate::db::{Db, KeyParam};
 use crate::key::OwnedKey;
@@ -21,6 +22,8 @@ pub struct SqlOrigin {
     pub timeout: Duration,
     /// Positive TTL for what it finds.
     pub ttl: Duration,
+    /// The database's breaker and concurrency bound, shared by its routes.
+    pub guard: Arc<OriginGuard>,
 }
 
 impl SqlOrigin {

@@ -12,6 +12,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Either, Empty, Limited};
 
 use super::client::{Upstream, UpstreamError};
+use super::guard::OriginGuard;
 use super::http_cache;
 use super::{CachedResponse, Fetched, MAX_CACHED_BODY, OriginError, Validators, Variant};
 use crate::key::{KeyBytes, OwnedKey};
@@ -31,6 +32,8 @@ pub struct UpstreamOrigin {
     pub forward_headers: Vec<HeaderName>,
     /// Headers set on every request, e.g. an API key.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The upstream's breaker and concurrency bound, shared by its routes.
+    pub guard: Arc<OriginGuard>,
 }
 
 impl UpstreamOrigin {

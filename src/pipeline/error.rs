@@ -12,6 +12,7 @@ use http_body_util::Full;
 use crate::key::KeyError;
 use crate::origin::OriginError;
 use crate::origin::client::UpstreamError;
+use crate::origin::guard::Refusal;
 
 /// A request that could not be answered normally.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +56,20 @@ pub enum ProxyError {
     /// The database is down or its pool is exhausted: 503.
     #[error("origin unavailable: {0}")]
     Unavailable(#[source] Failure),
+    /// The origin was not called: its circuit breaker is open (503 with `Retry-After`
+    /// until it may be tried again).
+    #[error("origin circuit open: {failure}")]
+    CircuitOpen {
+        /// Seconds until the breaker lets a call through (at least 1).
+        retry_after_secs: u64,
+        /// The refusal.
+        #[source]
+        failure: Failure,
+    },
+    /// The origin was not called: as many calls as it takes are in flight and the queue
+    /// is full or did not move in time (503 with `Retry-After: 1`).
+    #[error("origin overloaded: {0}")]
+    Overloaded(#[source] Failure),
     /// The upstream failed or answered badly: 502.
     #[error("bad gateway: {0}")]
     BadGateway(#[source] Failure),
@@ -88,7 +103,9 @@ impl ProxyError {
             ProxyError::BudgetExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             ProxyError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Unavailable(_)
+            | ProxyError::CircuitOpen { .. }
+            | ProxyError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -106,6 +123,8 @@ impl ProxyError {
             ProxyError::UriTooLong { .. } => "uri_too_long",
             ProxyError::Timeout(_) => "origin_timeout",
             ProxyError::Unavailable(_) => "origin_unavailable",
+            ProxyError::CircuitOpen { .. } => "origin_circuit_open",
+            ProxyError::Overloaded(_) => "origin_overloaded",
             ProxyError::BadGateway(_) => "bad_gateway",
             ProxyError::Internal(_) => "internal_error",
         }
@@ -140,9 +159,17 @@ impl ProxyError {
         };
         let body = serde_json::json!({ "error": self.as_str(), "message": message });
         let mut resp = super::response::json(self.status(), body.to_string());
-        if let ProxyError::BudgetExhausted { retry_after_secs } = self {
+        let retry_after = match self {
+            ProxyError::BudgetExhausted { retry_after_secs }
+            | ProxyError::CircuitOpen {
+                retry_after_secs, ..
+            } => Some(retry_after_secs),
+            ProxyError::Overloaded(_) => Some(1),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
             resp.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }
@@ -162,6 +189,18 @@ impl From<UpstreamError> for ProxyError {
 impl From<Arc<OriginError>> for ProxyError {
     fn from(e: Arc<OriginError>) -> Self {
         let wrap = match &*e {
+            OriginError::Refused {
+                refusal: Refusal::Open(after),
+                ..
+            } => {
+                // Whole seconds, rounded up: a client told 0 would come straight back.
+                let retry_after_secs = after.as_millis().div_ceil(1000).max(1) as u64;
+                return ProxyError::CircuitOpen {
+                    retry_after_secs,
+                    failure: Failure::Origin(e),
+                };
+            }
+            OriginError::Refused { .. } => ProxyError::Overloaded,
             OriginError::Timeout(_) | OriginError::Upstream(UpstreamError::Timeout(_)) => {
                 ProxyError::Timeout
             }
@@ -184,11 +223,62 @@ mod tests {
     use http_body_util::{Either, Empty};
 
     use super::*;
-    use crate::config::{CompiledUpstream, UpstreamConfig};
+    use crate::config::{BreakerConfig, CompiledUpstream, DatabaseConfig, UpstreamConfig};
     use crate::db::{Db, DbError, PoolSettings};
     use crate::key::OwnedKey;
+    use crate::metrics::OriginFamilies;
     use crate::origin::client::Upstream;
+    use crate::origin::guard::OriginGuard;
     use crate::origin::{Origin, SqlOrigin};
+
+    fn test_guard() -> Arc<OriginGuard> {
+        let families =
+            OriginFamilies::register(&prometheus::Registry::new()).expect("families register");
+        let limits = DatabaseConfig {
+            url: "sqlite::memory:".into(),
+            max_connections: 1,
+            min_connections: 0,
+            acquire_timeout: Duration::from_secs(1),
+            max_in_flight: None,
+            max_queued: None,
+            queue_timeout: Duration::from_millis(100),
+            breaker: BreakerConfig::default(),
+        }
+        .limits();
+        Arc::new(OriginGuard::new(
+            "database",
+            &limits,
+            families.handles("database"),
+        ))
+    }
+
+    #[test]
+    fn refused_origin_calls_answer_503_with_a_retry_after() {
+        let open = ProxyError::from(Arc::new(OriginError::Refused {
+            origin: "database",
+            refusal: Refusal::Open(Duration::from_millis(2_300)),
+        }));
+        let resp = open.into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[RETRY_AFTER], "3");
+        for refusal in [Refusal::QueueFull, Refusal::QueueTimeout] {
+            let err = ProxyError::from(Arc::new(OriginError::Refused {
+                origin: "upstream",
+                refusal,
+            }));
+            assert_eq!(err.as_str(), "origin_overloaded");
+            let resp = err.into_response();
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(resp.headers()[RETRY_AFTER], "1");
+        }
+        // Less than a second left still asks for one, never for 0.
+        let soon = ProxyError::from(Arc::new(OriginError::Refused {
+            origin: "database",
+            refusal: Refusal::Open(Duration::from_millis(10)),
+        }));
+        assert_eq!(soon.as_str(), "origin_circuit_open");
+        assert_eq!(soon.into_response().headers()[RETRY_AFTER], "1");
+    }
 
     /// The causes below `e`, nearest first.
     fn causes<'e>(e: &'e (dyn StdError + 'static)) -> Vec<&'e (dyn StdError + 'static)> {
@@ -203,6 +293,7 @@ mod tests {
             query: Arc::from("SELECT * FROM no_such_table WHERE id = ?"),
             timeout: Duration::from_secs(10),
             ttl: Duration::from_secs(60),
+            guard: test_guard(),
         });
         let Err(failed) = origin.fetch(&OwnedKey::Int(1), None).await else {
             panic!("a query on a missing table must fail");
@@ -261,6 +352,10 @@ mod tests {
                 timeout: Duration::from_secs(10),
                 pool_idle_timeout: Duration::from_secs(1),
                 pool_max_idle: 1,
+                max_in_flight: None,
+                max_queued: None,
+                queue_timeout: Duration::from_millis(100),
+                breaker: BreakerConfig::default(),
             },
             authority: addr.to_string().parse().expect("an authority"),
         });

@@ -30,7 +30,7 @@ use crate::key::{KeyBytes, KeyError, normalize};
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
 use crate::origin::client::Upstream;
 use crate::origin::http_cache;
-use crate::origin::{Origin, Variant};
+use crate::origin::{Origin, OriginError, Variant};
 use crate::pipeline::budget::{Allowance, Budget};
 use crate::pipeline::client::{Cidrs, client_ip};
 use crate::pipeline::error::ProxyError;
@@ -419,9 +419,15 @@ impl Proxy {
                 .origin
                 .fetch(&cache_key.key, cache_key.variant.as_deref())
                 .await;
-            route.metrics.observe_origin(t.elapsed());
-            if fetched.is_err() {
-                route.metrics.origin_error();
+            // A call the origin's guard refused never reached the origin: it is counted
+            // in the origin's own metrics, not as an origin call of the route.
+            match &fetched {
+                Err(OriginError::Refused { .. }) => {}
+                Err(_) => {
+                    route.metrics.observe_origin(t.elapsed());
+                    route.metrics.origin_error();
+                }
+                Ok(_) => route.metrics.observe_origin(t.elapsed()),
             }
             fetched
         };

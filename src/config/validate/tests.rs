@@ -132,6 +132,41 @@ const MISTAKES: &[Mistake] = &[
             d.acquire_timeout = Duration::ZERO;
         }
     }),
+    ("database.max_in_flight", |c| {
+        if let Some(d) = &mut c.database {
+            d.max_in_flight = Some(0);
+        }
+    }),
+    ("database.breaker.failure_ratio", |c| {
+        if let Some(d) = &mut c.database {
+            d.breaker.failure_ratio = 0.0;
+        }
+    }),
+    ("database.breaker.open_for", |c| {
+        if let Some(d) = &mut c.database {
+            d.breaker.open_for = Duration::ZERO;
+        }
+    }),
+    ("upstream.breaker.consecutive_failures", |c| {
+        if let Some(u) = &mut c.upstream {
+            u.breaker.consecutive_failures = 0;
+        }
+    }),
+    ("upstream.breaker.window", |c| {
+        if let Some(u) = &mut c.upstream {
+            u.breaker.window = Duration::from_millis(1);
+        }
+    }),
+    ("upstream.breaker.min_calls", |c| {
+        if let Some(u) = &mut c.upstream {
+            u.breaker.min_calls = 0;
+        }
+    }),
+    ("upstream.max_in_flight", |c| {
+        if let Some(u) = &mut c.upstream {
+            u.max_in_flight = Some(0);
+        }
+    }),
     ("cache.max_entries", |c| c.cache.max_entries = 0),
     ("cache.ttl", |c| c.cache.ttl = Duration::ZERO),
     ("cache.negative_ttl", |c| {
