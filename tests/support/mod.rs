@@ -38,6 +38,7 @@ use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, oneshot, 
 
 pub mod binary;
 pub mod config;
+pub mod mariadb;
 pub mod observe;
 pub mod redis;
 
@@ -45,6 +46,8 @@ pub mod redis;
 pub use self::redis::{RedisOptions, TestRedis, redis_server};
 #[allow(unused_imports)]
 pub use config::{SYNC_QUERY, TestConfig, TestRoute};
+#[allow(unused_imports)]
+pub use mariadb::OwnMariaDb;
 #[allow(unused_imports)]
 pub use observe::{Scrape, eventually};
 
