@@ -178,6 +178,7 @@ impl App {
                         query,
                         timeout,
                         ttl: r.ttl,
+                        stale: r.stale,
                         guard: Arc::clone(guard),
                     })
                 }
@@ -194,6 +195,7 @@ impl App {
                     pattern: r.pattern.clone(),
                     not_found,
                     ttl: r.ttl,
+                    stale: r.stale,
                     forward_headers,
                     headers,
                     guard: Arc::clone(guard),
@@ -221,7 +223,7 @@ impl App {
                 pattern: r.pattern,
                 normalize: r.normalize,
                 filter,
-                origin,
+                origin: Arc::new(origin),
                 negative_ttl: r.negative_ttl,
                 mode: r.mode,
                 query: r.query,
@@ -500,7 +502,7 @@ mod tests {
         assert_eq!(routes[0].pattern.matches("/api/products/7"), Some("7"));
         assert_eq!(&*routes[0].label, "/api/products/{id}");
         assert_eq!(routes[1].filter.name(), "products");
-        let Origin::Upstream(origin) = &routes[1].origin else {
+        let Origin::Upstream(origin) = &*routes[1].origin else {
             panic!("route 1 has an upstream origin");
         };
         assert_eq!(

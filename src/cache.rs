@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use moka::Expiry;
 use moka::future::Cache;
+use moka::ops::compute::{CompResult, Op};
 
 use crate::config::CacheConfig;
 use crate::key::OwnedKey;
@@ -47,6 +48,9 @@ impl CacheKey {
 pub enum Lookup {
     /// A positive entry.
     Hit(CachedResponse),
+    /// A positive entry past its TTL, kept to be served stale (see
+    /// [`CachedResponse::staleness`]).
+    Stale(CachedResponse),
     /// A negative entry: the origin recently said "not found".
     NegativeHit,
     /// Nothing cached.
@@ -64,6 +68,9 @@ pub struct Negative<'a> {
 }
 
 /// The result of a coalesced load.
+// Returned once per origin load, never stored: boxing the answer would cost an
+// allocation to save a copy.
+#[allow(clippy::large_enum_variant)]
 pub enum Loaded {
     /// Found; `leader` is true for the one request whose origin call produced it.
     Found {
@@ -89,6 +96,7 @@ pub enum Loaded {
 /// Why a coalesced load did not produce a value to store (moka stores only successes,
 /// so "not found" and answers that may not be stored travel as errors too).
 #[derive(Debug, thiserror::Error)]
+#[allow(clippy::large_enum_variant)]
 pub enum LoadMiss {
     /// The origin has no such key.
     #[error("not found")]
@@ -110,9 +118,27 @@ impl Expiry<CacheKey, CachedResponse> for PositiveExpiry {
         value: &CachedResponse,
         _: Instant,
     ) -> Option<Duration> {
-        // Answers without a lifetime are never inserted; zero would expire one at once.
-        Some(value.ttl.unwrap_or(Duration::ZERO))
+        Some(kept_for(value))
     }
+
+    fn expire_after_update(
+        &self,
+        _: &CacheKey,
+        value: &CachedResponse,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        // A refreshed entry lives as long as its new answer says, not the old one.
+        Some(kept_for(value))
+    }
+}
+
+/// How long an answer stays in the cache: its TTL, then as long as it may be served
+/// stale. Answers without a lifetime are never inserted; zero would expire one at once.
+fn kept_for(value: &CachedResponse) -> Duration {
+    value
+        .ttl
+        .map_or(Duration::ZERO, |ttl| ttl + value.stale.longest())
 }
 
 struct NegativeExpiry;
@@ -156,6 +182,9 @@ impl ResponseCache {
     /// Looks a key up: positive first, then negative (under [`CacheKey::absence`]).
     pub async fn lookup(&self, key: &CacheKey) -> Lookup {
         if let Some(hit) = self.positive.get(key).await {
+            if hit.staleness(std::time::Instant::now()).is_some() {
+                return Lookup::Stale(hit);
+            }
             return Lookup::Hit(hit);
         }
         if self.negative.contains_key(&*key.absence()) {
@@ -241,6 +270,65 @@ impl ResponseCache {
                     leader,
                 },
             },
+        }
+    }
+
+    /// Refreshes a stale entry through `fetch`. Refreshes of one key run one after
+    /// another, and one that finds the entry fresh again (the one before it refreshed
+    /// it) takes it without calling the origin; with `if_idle`, a refresh is skipped
+    /// (`Loaded::Found`, not the leader) while another runs. Found: the entry is
+    /// replaced. Not found: it goes, and a negative entry is stored. An error keeps the
+    /// stale entry, for the caller to serve within its `stale_if_error`.
+    pub async fn refresh<F>(
+        &self,
+        key: CacheKey,
+        negative: Negative<'_>,
+        fetch: F,
+        if_idle: bool,
+    ) -> Loaded
+    where
+        F: Future<Output = Result<Fetched, OriginError>>,
+    {
+        let leader = AtomicBool::new(false);
+        let absence = key.absence().into_owned();
+        let compute = |entry: Option<moka::Entry<CacheKey, CachedResponse>>| async {
+            if entry.is_some_and(|e| e.value().staleness(std::time::Instant::now()).is_none()) {
+                return Ok(Op::Nop);
+            }
+            leader.store(true, Ordering::Relaxed);
+            match fetch.await {
+                Ok(Fetched::Found(response)) if response.ttl.is_some() => Ok(Op::Put(response)),
+                Ok(Fetched::Found(response)) => Err(LoadMiss::Unstored(response)),
+                Ok(Fetched::NotFound) => {
+                    self.store_absence(absence, &negative).await;
+                    Ok(Op::Remove)
+                }
+                Err(e) => Err(LoadMiss::Origin(Arc::new(e))),
+            }
+        };
+        let selector = self.positive.entry(key.clone());
+        let result = if if_idle {
+            selector.and_try_compute_if_nobody_else(compute).await
+        } else {
+            selector.and_try_compute_with(compute).await
+        };
+        let leader = leader.load(Ordering::Relaxed);
+        match result {
+            Ok(
+                CompResult::Inserted(e) | CompResult::ReplacedWith(e) | CompResult::Unchanged(e),
+            ) => Loaded::Found {
+                response: e.into_value(),
+                leader,
+            },
+            Ok(CompResult::Removed(_) | CompResult::StillNone(_)) | Err(LoadMiss::NotFound) => {
+                Loaded::NotFound { leader }
+            }
+            Err(LoadMiss::Unstored(response)) => {
+                // The new answer may not be stored: the old one must not be served either.
+                self.positive.invalidate(&key).await;
+                Loaded::Found { response, leader }
+            }
+            Err(LoadMiss::Origin(error)) => Loaded::Failed { error, leader },
         }
     }
 
@@ -368,7 +456,9 @@ mod tests {
                 tokio::time::sleep(Duration::from_micros(i * 50)).await;
                 match cache.lookup(&key(9)).await {
                     Lookup::NegativeHit => false,
-                    Lookup::Hit(_) => panic!("a positive entry for an absent key"),
+                    Lookup::Hit(_) | Lookup::Stale(_) => {
+                        panic!("a positive entry for an absent key")
+                    }
                     Lookup::Miss => {
                         let loaded = cache
                             .load(key(9), kept(Duration::from_secs(30)), async {

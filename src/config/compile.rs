@@ -14,7 +14,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use super::validate::Problems;
 use super::{
     Config, ConfigError, FilterConfig, KeySource, Normalize, OriginConfig, RouteConfig, RouteMode,
-    UndeclaredQuery, UpstreamConfig, WriteKey, WriteThroughConfig,
+    StaleWindows, UndeclaredQuery, UpstreamConfig, WriteKey, WriteThroughConfig,
 };
 use crate::filter::BloomParams;
 use crate::pipeline::client::Cidrs;
@@ -120,6 +120,8 @@ pub struct CompiledRoute {
     pub ttl: Duration,
     /// Negative TTL (the route's, else `cache.negative_ttl`).
     pub negative_ttl: Duration,
+    /// How long past its TTL an entry may be served (the route's, else the cache's).
+    pub stale: StaleWindows,
     /// Where found keys are fetched from.
     pub origin: CompiledOrigin,
 }
@@ -345,6 +347,12 @@ impl Config {
             mode: r.mode,
             ttl: r.ttl.unwrap_or(self.cache.ttl),
             negative_ttl: r.negative_ttl.unwrap_or(self.cache.negative_ttl),
+            stale: StaleWindows {
+                if_error: r.stale_if_error.unwrap_or(self.cache.stale_if_error),
+                while_revalidate: r
+                    .stale_while_revalidate
+                    .unwrap_or(self.cache.stale_while_revalidate),
+            },
             origin,
         })
     }

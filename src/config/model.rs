@@ -396,6 +396,15 @@ pub struct CacheConfig {
     /// key can reach the origin.
     #[serde(with = "humantime_serde")]
     pub negative_ttl: Duration,
+    /// How long past its TTL a positive entry may still be served when the origin fails,
+    /// times out or its breaker is open (RFC 5861 `stale-if-error`); 0 turns it off.
+    #[serde(with = "humantime_serde")]
+    pub stale_if_error: Duration,
+    /// How long past its TTL a positive entry is served at once while one background
+    /// request refreshes it (RFC 5861 `stale-while-revalidate`); 0 (the default) turns
+    /// it off.
+    #[serde(with = "humantime_serde")]
+    pub stale_while_revalidate: Duration,
 }
 
 impl Default for CacheConfig {
@@ -405,7 +414,26 @@ impl Default for CacheConfig {
             ttl: Duration::from_secs(300),
             negative_max_entries: 100_000,
             negative_ttl: Duration::from_secs(300),
+            stale_if_error: Duration::from_secs(3600),
+            stale_while_revalidate: Duration::ZERO,
         }
+    }
+}
+
+/// How long past its TTL an entry may still be served: when the origin fails, and while
+/// it is refreshed in the background.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StaleWindows {
+    /// `stale-if-error`.
+    pub if_error: Duration,
+    /// `stale-while-revalidate`.
+    pub while_revalidate: Duration,
+}
+
+impl StaleWindows {
+    /// The longer of the two: how long past its TTL an entry is kept at all.
+    pub fn longest(&self) -> Duration {
+        self.if_error.max(self.while_revalidate)
     }
 }
 
@@ -563,6 +591,12 @@ pub struct RouteConfig {
     /// Negative TTL for this route, overriding `cache.negative_ttl`.
     #[serde(default, with = "humantime_serde")]
     pub negative_ttl: Option<Duration>,
+    /// `stale_if_error` for this route, overriding `cache.stale_if_error`.
+    #[serde(default, with = "humantime_serde")]
+    pub stale_if_error: Option<Duration>,
+    /// `stale_while_revalidate` for this route, overriding the cache's.
+    #[serde(default, with = "humantime_serde")]
+    pub stale_while_revalidate: Option<Duration>,
     /// `enforce` (refuse keys the gate calls absent) or `shadow` (only count them).
     #[serde(default)]
     pub mode: RouteMode,

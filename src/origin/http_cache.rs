@@ -12,6 +12,8 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue};
 
+use crate::config::StaleWindows;
+
 /// What a shared cache may do with one upstream answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Storage {
@@ -20,17 +22,50 @@ pub struct Storage {
     /// Whether the stored answer may also be reused for requests carrying
     /// `Authorization` (`public`, `s-maxage` or `must-revalidate`).
     pub with_credentials: bool,
+    /// How long past its lifetime the answer may be served (see [`stale_windows`]).
+    pub stale: StaleWindows,
+}
+
+/// How long past its lifetime an answer may be served, given the route's `windows`:
+/// the answer's own `stale-if-error` and `stale-while-revalidate` (RFC 5861) replace the
+/// route's; `must-revalidate`, `proxy-revalidate` and `s-maxage` forbid serving it stale
+/// (RFC 9111 §4.2.4) unless it carries `stale-if-error` itself, which then applies to
+/// errors only. (`no-cache` answers are not stored at all.)
+fn stale_windows(
+    windows: StaleWindows,
+    if_error: Option<Duration>,
+    while_revalidate: Option<Duration>,
+    revalidate: bool,
+) -> StaleWindows {
+    if revalidate {
+        return StaleWindows {
+            if_error: if_error.unwrap_or(Duration::ZERO),
+            while_revalidate: Duration::ZERO,
+        };
+    }
+    StaleWindows {
+        if_error: if_error.unwrap_or(windows.if_error),
+        while_revalidate: while_revalidate.unwrap_or(windows.while_revalidate),
+    }
 }
 
 /// Decides whether an upstream answer may be stored, and for how long: at most
 /// `route_ttl`, less when `s-maxage` (or else `max-age`) says so. `no-store`, `private`,
 /// `no-cache`, a zero lifetime, `Vary: *` and a `Vary` naming a request header that the
 /// route does not forward (`forwarded`, lower-case) make it unstorable.
-pub fn storage(headers: &HeaderMap, route_ttl: Duration, forwarded: &[HeaderName]) -> Storage {
+pub fn storage(
+    headers: &HeaderMap,
+    route_ttl: Duration,
+    route_stale: StaleWindows,
+    forwarded: &[HeaderName],
+) -> Storage {
     let mut ttl = Some(route_ttl);
     let mut max_age = None;
     let mut s_maxage = None;
     let mut with_credentials = false;
+    let mut revalidate = false;
+    let mut if_error = None;
+    let mut while_revalidate = None;
     for value in headers.get_all(CACHE_CONTROL) {
         let Ok(text) = value.to_str() else {
             // A directive we cannot read could be `no-store`: do not store.
@@ -51,12 +86,23 @@ pub fn storage(headers: &HeaderMap, route_ttl: Duration, forwarded: &[HeaderName
                 },
                 "s-maxage" => {
                     with_credentials = true;
+                    revalidate = true;
                     match seconds() {
                         Some(s) => s_maxage = Some(s),
                         None => ttl = None,
                     }
                 }
-                "public" | "must-revalidate" => with_credentials = true,
+                "must-revalidate" => {
+                    with_credentials = true;
+                    revalidate = true;
+                }
+                "proxy-revalidate" => revalidate = true,
+                "public" => with_credentials = true,
+                // A window that cannot be read is no window: never serve it stale.
+                "stale-if-error" => if_error = Some(Duration::from_secs(seconds().unwrap_or(0))),
+                "stale-while-revalidate" => {
+                    while_revalidate = Some(Duration::from_secs(seconds().unwrap_or(0)))
+                }
                 _ => {}
             }
         }
@@ -70,6 +116,7 @@ pub fn storage(headers: &HeaderMap, route_ttl: Duration, forwarded: &[HeaderName
     Storage {
         ttl,
         with_credentials,
+        stale: stale_windows(route_stale, if_error, while_revalidate, revalidate),
     }
 }
 
@@ -161,9 +208,17 @@ mod tests {
 
     #[test]
     fn storage_follows_cache_control() {
-        let s = |cc: &str| storage(&headers(&[("cache-control", cc)]), FIVE_MIN, &[]).ttl;
+        let s = |cc: &str| {
+            storage(
+                &headers(&[("cache-control", cc)]),
+                FIVE_MIN,
+                StaleWindows::default(),
+                &[],
+            )
+            .ttl
+        };
         assert_eq!(
-            storage(&HeaderMap::new(), FIVE_MIN, &[]).ttl,
+            storage(&HeaderMap::new(), FIVE_MIN, StaleWindows::default(), &[]).ttl,
             Some(FIVE_MIN)
         );
         assert_eq!(s("no-store"), None);
@@ -183,7 +238,13 @@ mod tests {
     fn vary_must_name_forwarded_headers_only() {
         let lang = [HeaderName::from_static("accept-language")];
         let v = |vary: &str, fwd: &[HeaderName]| {
-            storage(&headers(&[("vary", vary)]), FIVE_MIN, fwd).ttl
+            storage(
+                &headers(&[("vary", vary)]),
+                FIVE_MIN,
+                StaleWindows::default(),
+                fwd,
+            )
+            .ttl
         };
         assert_eq!(v("*", &lang), None);
         assert_eq!(v("Accept-Encoding", &lang), None);
@@ -194,8 +255,15 @@ mod tests {
 
     #[test]
     fn credentials_need_an_explicit_permission() {
-        let c =
-            |cc: &str| storage(&headers(&[("cache-control", cc)]), FIVE_MIN, &[]).with_credentials;
+        let c = |cc: &str| {
+            storage(
+                &headers(&[("cache-control", cc)]),
+                FIVE_MIN,
+                StaleWindows::default(),
+                &[],
+            )
+            .with_credentials
+        };
         assert!(!c("max-age=60"));
         assert!(c("public, max-age=60"));
         assert!(c("s-maxage=60"));
@@ -232,5 +300,43 @@ mod tests {
             None,
             None
         ));
+    }
+
+    #[test]
+    fn stale_windows_follow_the_answer_and_rfc_9111() {
+        let route = StaleWindows {
+            if_error: Duration::from_secs(3600),
+            while_revalidate: Duration::from_secs(60),
+        };
+        let w = |cc: &str| storage(&headers(&[("cache-control", cc)]), FIVE_MIN, route, &[]).stale;
+        let secs = |e: u64, r: u64| StaleWindows {
+            if_error: Duration::from_secs(e),
+            while_revalidate: Duration::from_secs(r),
+        };
+        assert_eq!(w("max-age=60"), route);
+        assert_eq!(w("max-age=60, stale-if-error=10"), secs(10, 60));
+        assert_eq!(w("max-age=60, stale-while-revalidate=5"), secs(3600, 5));
+        assert_eq!(w("max-age=60, stale-if-error=0"), secs(0, 60));
+        // Unreadable: no window rather than the route's.
+        assert_eq!(w("max-age=60, stale-if-error=soon"), secs(0, 60));
+        for forbids in [
+            "must-revalidate",
+            "proxy-revalidate",
+            "s-maxage=60",
+            "MUST-REVALIDATE",
+        ] {
+            assert_eq!(
+                w(&format!("max-age=60, {forbids}")),
+                secs(0, 0),
+                "{forbids}"
+            );
+            assert_eq!(
+                w(&format!(
+                    "{forbids}, stale-if-error=30, stale-while-revalidate=30"
+                )),
+                secs(30, 0),
+                "{forbids}"
+            );
+        }
     }
 }

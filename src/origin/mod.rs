@@ -11,7 +11,7 @@ mod sql;
 mod upstream;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::HeaderName;
@@ -20,6 +20,7 @@ use http::{HeaderValue, StatusCode};
 pub use sql::SqlOrigin;
 pub use upstream::UpstreamOrigin;
 
+use crate::config::StaleWindows;
 use crate::db::DbError;
 use crate::key::OwnedKey;
 use crate::origin::client::UpstreamError;
@@ -58,6 +59,24 @@ pub struct CachedResponse {
     pub headers: Option<Arc<[(HeaderName, HeaderValue)]>>,
     /// Whether the answer may be reused for requests carrying credentials.
     pub with_credentials: bool,
+    /// When the origin gave this answer: its age is counted from here.
+    pub stored_at: Instant,
+    /// How long past `ttl` it may still be served.
+    pub stale: StaleWindows,
+}
+
+impl CachedResponse {
+    /// How long past its TTL the entry is at `now`: `None` while it is fresh.
+    pub fn staleness(&self, now: Instant) -> Option<Duration> {
+        let age = now.saturating_duration_since(self.stored_at);
+        let ttl = self.ttl.unwrap_or(Duration::ZERO);
+        (age >= ttl).then(|| age - ttl)
+    }
+
+    /// Its age in whole seconds at `now`, for the `Age` header.
+    pub fn age_secs(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.stored_at).as_secs()
+    }
 }
 
 /// The validators of a cached answer.
@@ -70,6 +89,9 @@ pub struct Validators {
 }
 
 /// What the origin said about a key.
+// Made once per origin call and moved into the cache: boxing the answer would cost an
+// allocation to save a copy.
+#[allow(clippy::large_enum_variant)]
 pub enum Fetched {
     /// The key exists; this is the answer to cache and return.
     Found(CachedResponse),

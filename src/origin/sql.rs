@@ -2,13 +2,14 @@
 //! row found becomes a JSON object.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
 use super::guard::OriginGuard;
 use super::{CachedResponse, Fetched, OriginError, Validators};
+use crate::config::StaleWindows;
 use crate::db::{Db, KeyParam};
 use crate::key::OwnedKey;
 
@@ -22,6 +23,8 @@ pub struct SqlOrigin {
     pub timeout: Duration,
     /// Positive TTL for what it finds.
     pub ttl: Duration,
+    /// How long past the TTL what it finds may be served.
+    pub stale: StaleWindows,
     /// The database's breaker and concurrency bound, shared by its routes.
     pub guard: Arc<OriginGuard>,
 }
@@ -53,6 +56,8 @@ impl SqlOrigin {
                 validators: Validators::default(),
                 headers: None,
                 with_credentials: false,
+                stored_at: Instant::now(),
+                stale: self.stale,
             })),
         }
     }

@@ -2,7 +2,7 @@
 //! route's pattern; HTTP caching rules decide how long its answer may be kept.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::header::{
     CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, EXPIRES, HOST, HeaderName,
@@ -15,6 +15,7 @@ use super::client::{Upstream, UpstreamError};
 use super::guard::OriginGuard;
 use super::http_cache;
 use super::{CachedResponse, Fetched, MAX_CACHED_BODY, OriginError, Validators, Variant};
+use crate::config::StaleWindows;
 use crate::key::{KeyBytes, OwnedKey};
 use crate::pipeline::route::PathPattern;
 
@@ -28,6 +29,9 @@ pub struct UpstreamOrigin {
     pub not_found: Vec<StatusCode>,
     /// Positive TTL for what it finds (HTTP caching rules may shorten it).
     pub ttl: Duration,
+    /// How long past the TTL what it finds may be served (the answer's own
+    /// `Cache-Control` may change it).
+    pub stale: StaleWindows,
     /// Request headers the route forwards (their values come in the [`Variant`]).
     pub forward_headers: Vec<HeaderName>,
     /// Headers set on every request, e.g. an API key.
@@ -73,7 +77,8 @@ impl UpstreamOrigin {
         if !status.is_success() {
             return Err(OriginError::UpstreamStatus(status));
         }
-        let storage = http_cache::storage(resp.headers(), self.ttl, &self.forward_headers);
+        let storage =
+            http_cache::storage(resp.headers(), self.ttl, self.stale, &self.forward_headers);
         let (etag, last_modified) = http_cache::validators(resp.headers());
         let content_type = resp.headers().get(CONTENT_TYPE).cloned();
         let replayed = replayed_headers(resp.headers(), storage.ttl.is_some());
@@ -96,6 +101,8 @@ impl UpstreamOrigin {
             },
             headers: replayed,
             with_credentials: storage.with_credentials,
+            stored_at: Instant::now(),
+            stale: storage.stale,
         }))
     }
 }

@@ -223,7 +223,9 @@ mod tests {
     use http_body_util::{Either, Empty};
 
     use super::*;
-    use crate::config::{BreakerConfig, CompiledUpstream, DatabaseConfig, UpstreamConfig};
+    use crate::config::{
+        BreakerConfig, CompiledUpstream, DatabaseConfig, StaleWindows, UpstreamConfig,
+    };
     use crate::db::{Db, DbError, PoolSettings};
     use crate::key::OwnedKey;
     use crate::metrics::OriginFamilies;
@@ -293,6 +295,7 @@ mod tests {
             query: Arc::from("SELECT * FROM no_such_table WHERE id = ?"),
             timeout: Duration::from_secs(10),
             ttl: Duration::from_secs(60),
+            stale: StaleWindows::default(),
             guard: test_guard(),
         });
         let Err(failed) = origin.fetch(&OwnedKey::Int(1), None).await else {

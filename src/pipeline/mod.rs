@@ -30,13 +30,13 @@ use crate::key::{KeyBytes, KeyError, normalize};
 use crate::metrics::{PassthroughMetrics, RouteMetrics};
 use crate::origin::client::Upstream;
 use crate::origin::http_cache;
-use crate::origin::{Origin, OriginError, Variant};
+use crate::origin::{CachedResponse, Origin, OriginError, Variant};
 use crate::pipeline::budget::{Allowance, Budget};
 use crate::pipeline::client::{Cidrs, client_ip};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::outcome::Outcome;
 pub use response::{ProxyBody, X_BLOOMGATE, error_response};
-use response::{not_found, replay};
+use response::{not_found, replay, replay_stale};
 use route::{PathPattern, QueryRules};
 use write_through::WriteThrough;
 
@@ -52,8 +52,8 @@ pub struct GuardedRoute {
     pub normalize: Normalize,
     /// The filter that guards this route.
     pub filter: Arc<Filter>,
-    /// Where found keys come from.
-    pub origin: Origin,
+    /// Where found keys come from (shared with background refreshes).
+    pub origin: Arc<Origin>,
     /// Lifetime of negative entries for this route.
     pub negative_ttl: Duration,
     /// Pre-resolved metric handles.
@@ -345,12 +345,51 @@ impl Proxy {
                 let resp = not_found();
                 return Ok(self.count(route, &key, counting, Outcome::NegativeHit, false, resp));
             }
-            Lookup::Hit(_) | Lookup::Miss => {}
+            Lookup::Stale(cached) if !credentials || cached.with_credentials => {
+                return Box::pin(self.through_origin(
+                    route,
+                    &key,
+                    req,
+                    cache_key,
+                    credentials,
+                    counting,
+                    Some(cached),
+                ))
+                .await;
+            }
+            Lookup::Hit(_) | Lookup::Stale(_) | Lookup::Miss => {}
         }
         // Boxed: the origin call and the coalesced load are most of this future's state,
         // and every request's future is moved whole at least once, so the paths that
         // never reach the origin should not carry that state.
-        Box::pin(self.through_origin(route, &key, req, cache_key, credentials, counting)).await
+        Box::pin(self.through_origin(route, &key, req, cache_key, credentials, counting, None))
+            .await
+    }
+
+    /// Refreshes a stale entry in a task of its own, unless a refresh of it runs already;
+    /// the request that asked has been answered with the stale entry.
+    fn revalidate_in_background(&self, route: &GuardedRoute, cache_key: CacheKey) {
+        let origin = Arc::clone(&route.origin);
+        let filter = Arc::clone(&route.filter);
+        let cache = self.cache.clone();
+        let negative_ttl = route.negative_ttl;
+        let label = Arc::clone(&route.label);
+        tokio::spawn(async move {
+            let key = cache_key.key.as_norm();
+            let fence = filter.fence(&key);
+            let negative = Negative {
+                ttl: negative_ttl,
+                still_absent: &|| fence.holds(),
+            };
+            let fetch = origin.fetch(&cache_key.key, cache_key.variant.as_deref());
+            if let Loaded::Failed { error, .. } = cache
+                .refresh(cache_key.clone(), negative, fetch, true)
+                .await
+            {
+                tracing::debug!(route = %label, key = %cache_key.key, error = %error,
+                    "background refresh of a stale entry failed; it is served until its windows end");
+            }
+        });
     }
 
     /// What to count for a request: fail-open and shadow verdicts override the stage
@@ -382,6 +421,7 @@ impl Proxy {
 
     /// The part of the pipeline past a cache miss: the false-positive budget, then the
     /// origin through the coalesced (or, with credentials, private) load.
+    #[allow(clippy::too_many_arguments)]
     async fn through_origin(
         &self,
         route: &GuardedRoute,
@@ -390,6 +430,7 @@ impl Proxy {
         cache_key: CacheKey,
         credentials: bool,
         counting: Counting,
+        stale: Option<CachedResponse>,
     ) -> Result<Answer, ProxyError> {
         let answer = |served: Outcome, found: bool, resp: Response<ProxyBody>| {
             self.count(route, key, counting, served, found, resp)
@@ -405,6 +446,16 @@ impl Proxy {
             .budget
             .as_ref()
             .map(|b| (b, self.client(req.peer, req.headers)));
+        let now = Instant::now();
+        let past = stale.as_ref().and_then(|s| s.staleness(now));
+        if let (Some(entry), Some(past)) = (&stale, past)
+            && past < entry.stale.while_revalidate
+        {
+            // Within stale-while-revalidate: answer now, refresh behind.
+            self.revalidate_in_background(route, cache_key);
+            let resp = replay_stale(entry.clone(), req.headers, now);
+            return Ok(answer(Outcome::Stale, true, resp));
+        }
         if let Some((budget, ip)) = client
             && let Allowance::Exhausted { retry_after_secs } = budget.check(ip)
         {
@@ -438,13 +489,26 @@ impl Proxy {
             ttl: route.negative_ttl,
             still_absent: &|| fence.holds(),
         };
-        let loaded = if credentials {
+        let loaded = if stale.is_some() {
+            self.cache
+                .refresh(cache_key.clone(), negative, fetch, false)
+                .await
+        } else if credentials {
             self.cache
                 .load_private(cache_key.clone(), negative, fetch)
                 .await
         } else {
             self.cache.load(cache_key.clone(), negative, fetch).await
         };
+        if let (Loaded::Failed { error, .. }, Some(entry), Some(past)) = (&loaded, &stale, past)
+            && past < entry.stale.if_error
+        {
+            // Within stale-if-error: the copy beats an error.
+            tracing::debug!(route = %route.label, key = %cache_key.key, error = %error,
+                "origin failed; serving the stale entry");
+            let resp = replay_stale(entry.clone(), req.headers, now);
+            return Ok(answer(Outcome::Stale, true, resp));
+        }
         match loaded {
             Loaded::Found { response, leader } => {
                 let outcome = if leader {

@@ -23,11 +23,15 @@ pub enum Outcome {
     /// 429: the client used up its false-positive budget and the request needed the
     /// origin.
     Throttled,
+    /// Answered from a positive entry past its TTL: the origin failed (or its breaker is
+    /// open) within `stale_if_error`, or a background refresh runs within
+    /// `stale_while_revalidate`.
+    Stale,
 }
 
 impl Outcome {
     /// Every outcome, in label order (metric handles are resolved once per outcome).
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 10] = [
         Outcome::Intercepted,
         Outcome::CacheHit,
         Outcome::NegativeHit,
@@ -37,6 +41,7 @@ impl Outcome {
         Outcome::Error,
         Outcome::WouldIntercept,
         Outcome::Throttled,
+        Outcome::Stale,
     ];
 
     /// The `outcome` metric label and log field.
@@ -51,6 +56,7 @@ impl Outcome {
             Outcome::Error => "error",
             Outcome::WouldIntercept => "would_intercept",
             Outcome::Throttled => "throttled",
+            Outcome::Stale => "stale",
         }
     }
 
@@ -66,6 +72,7 @@ impl Outcome {
             // Never the served stage: shadow requests carry the stage that answered them.
             Outcome::WouldIntercept => "miss",
             Outcome::Throttled => "throttled",
+            Outcome::Stale => "stale",
         }
     }
 

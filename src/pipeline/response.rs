@@ -36,6 +36,19 @@ pub(super) fn not_found() -> Response<ProxyBody> {
 
 /// The response for a cached (or just fetched) answer: 304 when the request's
 /// conditions hold for its validators, else the answer itself.
+/// [`replay`] of an entry past its TTL, with its `Age` (RFC 9111 §5.1).
+pub(super) fn replay_stale(
+    cached: CachedResponse,
+    request: &HeaderMap,
+    now: std::time::Instant,
+) -> Response<ProxyBody> {
+    let age = cached.age_secs(now);
+    let mut resp = replay(cached, request);
+    resp.headers_mut()
+        .insert(http::header::AGE, HeaderValue::from(age));
+    resp
+}
+
 pub(super) fn replay(cached: CachedResponse, request: &HeaderMap) -> Response<ProxyBody> {
     let Validators {
         etag,
