@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::access_log::AccessLog;
 use crate::admin::Admin;
 use crate::cache::ResponseCache;
 use crate::config::{Compiled, CompiledOrigin, Config, ConfigError};
@@ -66,6 +67,9 @@ pub enum AppError {
     /// Metric registration failed (a name clash: a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// The access log file could not be opened.
+    #[error(transparent)]
+    AccessLog(#[from] crate::access_log::AccessLogError),
 }
 
 /// A built, bound, not yet running bloomgate.
@@ -279,11 +283,16 @@ impl App {
             }
             None => None,
         };
+        let access_log = match &config.access_log {
+            Some(a) => Some(AccessLog::start(a, metrics.access_log_lines())?),
+            None => None,
+        };
         let edge = EdgePolicy {
             trusted_proxies,
             outcome_header: config.server.outcome_header,
             outcome_header_clients,
             budget,
+            access_log,
         };
 
         let proxy = Arc::new(Proxy::new(

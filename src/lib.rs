@@ -40,6 +40,7 @@
 //! The command line (`src/main.rs`, `src/cli/`: the demo, `filter build` and `filter
 //! inspect`) is the only code that prints for a person.
 
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod cache;

@@ -2,7 +2,7 @@
 //! SIGKILLed under traffic and started again, and an upstream written here that holds
 //! every request. The circuit breaker answers at once while the database is down, without
 //! calling it; the bound on calls in flight keeps a hanging upstream to what it allows;
-//! cached and intercepted answers go on throughout.
+//! cached and intercepted answers go on throughout, expired entries as stale copies.
 
 mod support;
 
@@ -65,7 +65,11 @@ fn outage_config(db: &TestDb, open_for: &str, breaker: bool) -> String {
         .database(format!("breaker.enabled = {breaker}"))
         .database("breaker.consecutive_failures = 3")
         .database(format!("breaker.open_for = \"{open_for}\""))
-        .route(TestRoute::sql("products", "/api/products/{id}").origin_timeout("2s"))
+        .route(
+            TestRoute::sql("products", "/api/products/{id}")
+                .origin_timeout("2s")
+                .field("ttl = \"1s\""),
+        )
         .toml()
 }
 
@@ -151,9 +155,24 @@ async fn with_the_database_killed_the_breaker_answers_at_once_and_closes_when_it
         .await
             >= 190.0
     );
-    // Cached and intercepted answers go on.
-    let r = proxy.get(&path(demo_sku(3))).await;
-    assert_eq!((r.status, r.stage()), (StatusCode::OK, "hit"));
+    // Cached keys go on: while fresh as hits, past their TTL (1 s) as stale copies,
+    // since the breaker refuses the refresh. Intercepted answers go on too.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        let r = proxy.get(&path(demo_sku(3))).await;
+        if r.stage() != "hit" {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the entry never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        (r.status, r.stage()),
+        (StatusCode::OK, "stale"),
+        "{}",
+        r.text()
+    );
+    assert!(r.headers.contains_key("age"));
     let r = proxy.get(&path(demo_absent_sku(3))).await;
     assert_eq!(
         (r.status, r.stage()),

@@ -294,8 +294,12 @@ async fn slow_lookups_time_out_and_an_exhausted_pool_answers_503() {
     // Lookups lock the row they read: one whose row the test has locked waits in the
     // database for as long as the test holds the lock.
     let locking = "SELECT sku_id, name FROM products WHERE sku_id = ? FOR UPDATE";
+    // More lookups may run than the pool has connections: the pool's own bound is what
+    // this test exercises (by default `max_in_flight` equals the pool size, and the
+    // second lookup would be refused as origin_overloaded before reaching the pool).
     let toml = TestConfig::new(&db.url)
         .database("max_connections = 1")
+        .database("max_in_flight = 4")
         .database("acquire_timeout = \"2s\"")
         .expected_items(100)
         .route(

@@ -38,6 +38,9 @@ pub struct Config {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// One line per data-plane request. Off when absent.
+    #[serde(default)]
+    pub access_log: Option<AccessLogConfig>,
     /// How many false positives each client may push through to the origin per window.
     /// Off when absent.
     #[serde(default)]
@@ -758,6 +761,38 @@ impl Default for LogConfig {
             level: "info".to_owned(),
         }
     }
+}
+
+/// The access log: one line per data-plane request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogConfig {
+    /// `json` (one object per line) or `text` (a compact line).
+    pub format: AccessLogFormat,
+    /// A file to append to (reopened on SIGUSR1), or `-` for standard output.
+    pub path: Option<std::path::PathBuf>,
+    /// The share of requests logged, drawn at random: 1 logs every request.
+    pub sample: f64,
+}
+
+impl Default for AccessLogConfig {
+    fn default() -> Self {
+        AccessLogConfig {
+            format: AccessLogFormat::Json,
+            path: None,
+            sample: 1.0,
+        }
+    }
+}
+
+/// Access log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// `{"time":…,"client":…,…}`.
+    Json,
+    /// `time client "method path" status outcome route bytes duration_ms`.
+    Text,
 }
 
 /// Log line format.

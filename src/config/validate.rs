@@ -69,6 +69,11 @@ impl Config {
     }
 
     pub(super) fn check_server(&self, p: &mut Problems) {
+        if let Some(a) = &self.access_log
+            && !(a.sample > 0.0 && a.sample <= 1.0)
+        {
+            p.add("access_log.sample", "must be greater than 0 and at most 1");
+        }
         let s = &self.server;
         if s.max_body_bytes == 0 {
             p.add("server.max_body_bytes", "must be greater than 0");

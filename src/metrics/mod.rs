@@ -82,6 +82,7 @@ pub struct Metrics {
     cache_entries: IntGaugeVec,
     passthrough: IntCounterVec,
     write_through: IntCounterVec,
+    access_log_lines: IntCounterVec,
 }
 
 impl Metrics {
@@ -122,6 +123,12 @@ impl Metrics {
                 "Keys added to a filter by successful writes passing through the proxy.",
                 &["filter"],
             )?,
+            access_log_lines: family(
+                registry,
+                "bloomgate_access_log_lines_total",
+                "Access log lines: queued (the request was sampled), written, or dropped because the writer was behind.",
+                &["result"],
+            )?,
         })
     }
 
@@ -133,6 +140,11 @@ impl Metrics {
         self.cache_entries
             .with_label_values(&["negative"])
             .set(clamp_i64(negative));
+    }
+
+    /// Counters of access log lines: `queued`, `written`, `dropped`.
+    pub fn access_log_lines(&self) -> [IntCounter; 3] {
+        ["queued", "written", "dropped"].map(|r| self.access_log_lines.with_label_values(&[r]))
     }
 
     /// Counter of keys added by write-through for one filter.

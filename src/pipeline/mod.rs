@@ -22,6 +22,7 @@ use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
+use crate::access_log::{self, AccessLog};
 use crate::cache::{CacheKey, Loaded, Lookup, Negative, ResponseCache};
 use crate::config::{KeySource, Normalize, OutcomeHeaderPolicy, RouteMode};
 use crate::gate::{Filter, Verdict};
@@ -96,6 +97,8 @@ pub struct EdgePolicy {
     pub outcome_header_clients: Cidrs,
     /// The per-client false-positive budget, when configured.
     pub budget: Option<Budget>,
+    /// The access log, when configured.
+    pub access_log: Option<AccessLog>,
 }
 
 /// The data-plane handler.
@@ -148,6 +151,47 @@ impl Proxy {
 
     /// Answers one request.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+        match &self.edge.access_log {
+            Some(log) if log.sampled() => self.handle_logged(log, req, peer).await,
+            _ => self.serve(req, peer).await.0,
+        }
+    }
+
+    /// [`Proxy::handle`], with a line in the access log.
+    async fn handle_logged(
+        &self,
+        log: &AccessLog,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+        let client = self.client(peer.ip(), req.headers());
+        let (resp, outcome, route) = self.serve(req, peer).await;
+        log.record(&access_log::Entry {
+            time: access_log::now(),
+            client,
+            method: method.as_str(),
+            path: &target,
+            status: resp.status().as_u16(),
+            outcome,
+            route: route.unwrap_or("-"),
+            bytes: http_body::Body::size_hint(resp.body()).exact(),
+            duration_ms: access_log::millis(started.elapsed()),
+        });
+        resp
+    }
+
+    /// Answers one request; says which stage answered and on which guarded route.
+    async fn serve(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> (Response<ProxyBody>, &'static str, Option<&str>) {
         let show = self.shows_outcome(peer.ip(), req.headers());
         if matches!(*req.method(), Method::GET | Method::HEAD) {
             let view = GuardedRequest {
@@ -157,9 +201,13 @@ impl Proxy {
             };
             match self.route(req.uri().path()) {
                 Routing::Guarded(route, path, key) => {
-                    return self.guarded(route, &path[key], &view, show).await;
+                    let (resp, served) = self.guarded(route, &path[key], &view, show).await;
+                    return (resp, served.header_value(), Some(&route.label));
                 }
-                Routing::Refused(route, e) => return self.refused(route, e, show),
+                Routing::Refused(route, e) => {
+                    let resp = self.refused(route, e, show);
+                    return (resp, Outcome::Error.header_value(), Some(&route.label));
+                }
                 Routing::Pass => {}
             }
         }
@@ -176,10 +224,11 @@ impl Proxy {
         if !show {
             resp.headers_mut().remove(X_BLOOMGATE);
         }
-        match write {
+        let resp = match write {
             Some((rule, segment)) => rule.apply(resp, segment).await,
             None => resp,
-        }
+        };
+        (resp, "bypass", None)
     }
 
     /// Answers a GET for `uri` if a guarded route matches it, without a socket (the same
@@ -195,7 +244,7 @@ impl Proxy {
         let show = self.shows_outcome(view.peer, &headers);
         match self.route(uri.path()) {
             Routing::Guarded(route, path, key) => {
-                Some(self.guarded(route, &path[key], &view, show).await)
+                Some(self.guarded(route, &path[key], &view, show).await.0)
             }
             Routing::Refused(route, e) => Some(self.refused(route, e, show)),
             Routing::Pass => None,
@@ -278,7 +327,7 @@ impl Proxy {
         segment: &str,
         req: &GuardedRequest<'_>,
         show: bool,
-    ) -> Response<ProxyBody> {
+    ) -> (Response<ProxyBody>, Outcome) {
         let started = Instant::now();
         let Answer {
             served,
@@ -297,7 +346,7 @@ impl Proxy {
                 .headers_mut()
                 .insert(X_BLOOMGATE, HeaderValue::from_static(served.header_value()));
         }
-        response
+        (response, served)
     }
 
     /// The pipeline for one guarded request: the stage that answered, the outcome to
