@@ -121,6 +121,9 @@ impl Admin {
         cache.run_pending_maintenance().await;
         let (positive, negative) = cache.entry_counts();
         self.metrics.set_cache_entries(positive, negative);
+        let runtime = tokio::runtime::Handle::current().metrics();
+        self.metrics
+            .set_runtime(runtime.num_alive_tasks(), runtime.num_workers());
         let mut buf = Vec::with_capacity(16 * 1024);
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
             tracing::error!(error = %e, "cannot encode metrics");

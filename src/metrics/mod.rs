@@ -83,6 +83,7 @@ pub struct Metrics {
     passthrough: IntCounterVec,
     write_through: IntCounterVec,
     access_log_lines: IntCounterVec,
+    runtime: IntGaugeVec,
 }
 
 impl Metrics {
@@ -123,6 +124,12 @@ impl Metrics {
                 "Keys added to a filter by successful writes passing through the proxy.",
                 &["filter"],
             )?,
+            runtime: family(
+                registry,
+                "bloomgate_runtime",
+                "The async runtime at the last scrape: alive_tasks (tasks not finished yet: connections, requests, background work) and workers.",
+                &["kind"],
+            )?,
             access_log_lines: family(
                 registry,
                 "bloomgate_access_log_lines_total",
@@ -140,6 +147,15 @@ impl Metrics {
         self.cache_entries
             .with_label_values(&["negative"])
             .set(clamp_i64(negative));
+    }
+
+    /// Publishes the runtime's task and worker counts.
+    pub fn set_runtime(&self, alive_tasks: usize, workers: usize) {
+        for (kind, n) in [("alive_tasks", alive_tasks), ("workers", workers)] {
+            self.runtime
+                .with_label_values(&[kind])
+                .set(clamp_i64(n as u64));
+        }
     }
 
     /// Counters of access log lines: `queued`, `written`, `dropped`.
