@@ -109,3 +109,53 @@ fn a_signal_to_scripts_mariadb_stops_its_command_what_that_started_and_the_serve
     assert!(!data.exists(), "{} left behind", data.display());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `$BLOOMGATE_MARIADB_RESTART` SIGKILLs the server and starts it again on the same port
+/// with its data; once the command ends, the script stops that restarted server too and
+/// removes its directory.
+#[test]
+fn the_restart_command_brings_the_server_back_and_the_script_still_cleans_up() {
+    if mysql_url().is_none() {
+        return;
+    }
+    let dir =
+        std::env::temp_dir().join(format!("bloomgate-scripts-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = dir.join("out");
+    // Inside: a durable row, the pid, the restart, the new pid and the row again.
+    let inner = r#"
+        set -e
+        port="${BLOOMGATE_TEST_MYSQL_URL##*:}"; rest="${BLOOMGATE_TEST_MYSQL_URL#mysql://bloomgate:}"
+        q() { MYSQL_PWD="${rest%@*}" mariadb --no-defaults -h127.0.0.1 -P"$port" -ubloomgate -N -B -e "$1"; }
+        q "SET GLOBAL innodb_flush_log_at_trx_commit = 1; CREATE DATABASE r; CREATE TABLE r.t (a INT) ENGINE=InnoDB; INSERT INTO r.t VALUES (7)"
+        before="$(cat "$(q 'SELECT @@pid_file')")"
+        "$BLOOMGATE_MARIADB_RESTART"
+        after="$(cat "$(q 'SELECT @@pid_file')")"
+        echo "$before $after $(q 'SELECT a FROM r.t') $(q 'SELECT @@datadir')" > "$1"
+    "#;
+    let status = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mariadb"))
+        .args(["bash", "-c", inner, "bash"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run scripts/mariadb");
+    assert!(status.success(), "{status}");
+    let written = std::fs::read_to_string(&out).expect("the command's output");
+    let fields: Vec<&str> = written.split_whitespace().collect();
+    assert_eq!(fields.len(), 4, "{written}");
+    let (before, after): (u32, u32) = (
+        fields[0].parse().expect("a pid"),
+        fields[1].parse().expect("a pid"),
+    );
+    assert_ne!(before, after, "a new server process");
+    assert_eq!(fields[2], "7", "the committed row survived the SIGKILL");
+    assert!(!process_alive(before) && !process_alive(after), "{written}");
+    assert!(
+        !Path::new(fields[3]).exists(),
+        "{} was left behind",
+        fields[3]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
