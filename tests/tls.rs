@@ -583,7 +583,7 @@ async fn sigterm_lets_in_flight_http2_streams_finish() {
         let (arrived, release) = stub.hold_next();
         let in_flight = tokio::spawn(async move {
             let reply = conn.send(Method::GET, "/held/h2", &[], "").await;
-            (reply, conn.closed)
+            (reply, conn)
         });
         tokio::time::timeout(Duration::from_secs(30), arrived)
             .await
@@ -600,14 +600,15 @@ async fn sigterm_lets_in_flight_http2_streams_finish() {
             "{wire:?}: the held stream ended early"
         );
         let _ = release.send(());
-        let ((version, reply), closed) = in_flight.await.expect("join");
+        let ((version, reply), mut conn) = in_flight.await.expect("join");
         assert_eq!(
             (version, reply.status),
             (Version::HTTP_2, StatusCode::OK),
             "{wire:?}"
         );
-        // GOAWAY, then the connection ends cleanly once its last stream is done.
-        let ended = tokio::time::timeout(Duration::from_secs(30), closed)
+        // GOAWAY, then the server ends the connection cleanly once its last stream is
+        // done (the client keeps its sender, so it would not close it itself).
+        let ended = tokio::time::timeout(Duration::from_secs(30), &mut conn.closed)
             .await
             .expect("the connection ends")
             .expect("join");
@@ -709,4 +710,62 @@ async fn curl_speaks_h2c_and_h2_to_it() {
         ),
         Some(1.0)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_limits_match_http1() {
+    let stub = StubUpstream::start([]).await;
+    let proxy = TestProxy::spawn(&pass_through_config(
+        &stub,
+        &[
+            "header_read_timeout = \"1s\"".into(),
+            "max_header_bytes = 8192".into(),
+        ],
+    ))
+    .await;
+    let client = WireClient::new(Wire::H2c, proxy.data, None);
+    // A header block past max_header_bytes: 431, as on HTTP/1.1, and nothing forwarded.
+    let big = "v".repeat(9000);
+    let mut conn = client.connect().await;
+    match conn
+        .try_send(Method::GET, "/echo/big", &[("x-big", &big)], "")
+        .await
+    {
+        Ok((_, r)) => assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+        // The client may refuse to send what the server's SETTINGS said it would not take.
+        Err(e) => assert!(e.contains("header"), "{e}"),
+    }
+    assert!(stub.state.seen.lock().expect("lock").is_none());
+
+    // No request in flight for header_read_timeout: GOAWAY, and the connection ends
+    // cleanly. One in flight keeps it open past that.
+    let mut busy = client.connect().await;
+    let mut idle = client.connect().await;
+    let (arrived, release) = stub.hold_next();
+    let held = tokio::spawn(async move {
+        let reply = busy.send(Method::GET, "/held/long", &[], "").await;
+        (reply, busy)
+    });
+    arrived.await.expect("the request reached the upstream");
+    // (Each connection's sender is kept: a client whose last sender is gone closes the
+    // connection itself.)
+    let ended = tokio::time::timeout(Duration::from_secs(10), &mut idle.closed)
+        .await
+        .expect("the idle connection is closed")
+        .expect("join");
+    assert!(ended.is_ok(), "{ended:?}");
+    assert!(!held.is_finished(), "the busy connection was closed");
+    let _ = release.send(());
+    let ((_, r), mut busy) = held.await.expect("join");
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        !busy.closed.is_finished(),
+        "closed at once after its answer"
+    );
+    // Idle in its turn once answered.
+    let ended = tokio::time::timeout(Duration::from_secs(10), &mut busy.closed)
+        .await
+        .expect("closed once idle")
+        .expect("join");
+    assert!(ended.is_ok(), "{ended:?}");
 }
