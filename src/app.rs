@@ -29,11 +29,16 @@ use crate::origin::{Origin, SqlOrigin, UpstreamOrigin};
 use crate::pipeline::budget::Budget;
 use crate::pipeline::write_through::WriteThrough;
 use crate::pipeline::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
-use crate::server::{self, Handler, ServeOptions};
+use crate::server::tls::TlsSetupError;
+use crate::server::{self, ConnectionMetrics, Handler, ServeOptions, Tls, Transport};
 
 /// Local changes waiting for the fleet's appender; past this, a change is dropped
 /// (counted) rather than making a request wait.
 const OUTBOX_CHANNEL: usize = 65_536;
+
+/// Most admin-plane connections open at once: scrapers and operators, kept apart from
+/// the data plane's bound so that a flood there does not lock them out.
+const ADMIN_MAX_CONNECTIONS: usize = 1024;
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +75,9 @@ pub enum AppError {
     /// The access log file could not be opened.
     #[error(transparent)]
     AccessLog(#[from] crate::access_log::AccessLogError),
+    /// The TLS server config could not be made from the certificate.
+    #[error(transparent)]
+    Tls(#[from] TlsSetupError),
 }
 
 /// A built, bound, not yet running bloomgate.
@@ -83,6 +91,35 @@ pub struct App {
     filters: Vec<Arc<Filter>>,
     db: Option<Db>,
     fleet: Option<Arc<Fleet>>,
+    /// TLS of the data plane, whose certificate [`Reloader::reload`] swaps.
+    tls: Option<Arc<Tls>>,
+    connections: ConnectionMetrics,
+}
+
+/// What can be reloaded in a running bloomgate without dropping connections: today the
+/// TLS certificate. Cheap to clone; outlives the [`App`] it came from.
+#[derive(Clone)]
+pub struct Reloader {
+    tls: Option<Arc<Tls>>,
+}
+
+impl Reloader {
+    /// Reloads everything reloadable (what SIGHUP asks for). Each part logs and counts
+    /// its own result; a part that fails keeps what it had.
+    pub fn reload(&self) {
+        tracing::info!("reloading");
+        self.reload_tls();
+    }
+
+    /// Reads the TLS certificate and key again; new handshakes get them, established
+    /// connections keep theirs. On failure the current certificate stays. Without TLS,
+    /// nothing happens.
+    pub fn reload_tls(&self) {
+        if let Some(tls) = &self.tls {
+            // The error is logged and counted by `reload`.
+            let _ = tls.reload();
+        }
+    }
 }
 
 struct DataPlane(Arc<Proxy>);
@@ -123,8 +160,20 @@ impl App {
             write_through: compiled_write_through,
             trusted_proxies,
             outcome_header_clients,
+            tls,
         } = compiled;
         let metrics = Metrics::new(&registry)?;
+        let connections =
+            ConnectionMetrics::register(&registry, tls.is_some(), config.server.http2)?;
+        let tls = match tls {
+            Some(t) => Some(Arc::new(Tls::new(
+                t.files,
+                t.certificate,
+                config.server.http2,
+                Some(connections.clone()),
+            )?)),
+            None => None,
+        };
         let db = match &config.database {
             Some(d) => Some(Db::connect_lazy(
                 &d.url,
@@ -330,7 +379,17 @@ impl App {
             filters,
             db,
             fleet,
+            tls,
+            connections,
         })
+    }
+
+    /// A handle that reloads the certificate (and whatever else becomes reloadable)
+    /// while this app runs.
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            tls: self.tls.clone(),
+        }
     }
 
     /// The bound data-plane address (useful with port 0).
@@ -354,11 +413,21 @@ impl App {
     /// (aborted), the loaders and sync pollers stop and the listeners close with it.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let server = &self.config.server;
         let options = ServeOptions {
-            header_read_timeout: self.config.server.header_read_timeout,
-            grace: self.config.server.shutdown_grace,
-            max_header_bytes: self.config.server.max_header_bytes,
-            max_uri_bytes: self.config.server.max_uri_bytes,
+            header_read_timeout: server.header_read_timeout,
+            grace: server.shutdown_grace,
+            max_header_bytes: server.max_header_bytes,
+            max_uri_bytes: server.max_uri_bytes,
+            http2: server.http2,
+            max_connections: server.max_connections,
+            http2_max_concurrent_streams: server.http2_max_concurrent_streams,
+        };
+        // The admin plane speaks HTTP/1.1 in cleartext, as it always has.
+        let admin_options = ServeOptions {
+            http2: false,
+            max_connections: ADMIN_MAX_CONNECTIONS,
+            ..options
         };
         // Join sets abort their tasks when dropped, with this future.
         let mut loaders = JoinSet::new();
@@ -376,19 +445,25 @@ impl App {
             }
         }
         tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),
+            tls = self.tls.is_some(), http2 = options.http2,
             routes = self.proxy.routes().len(), filters = self.filters.len(), "bloomgate listening");
         let mut servers = JoinSet::new();
         servers.spawn(server::serve(
             self.data,
             Arc::new(DataPlane(Arc::clone(&self.proxy))),
             options,
+            Transport {
+                tls: self.tls.clone(),
+                metrics: Some(self.connections.clone()),
+            },
             stop_rx.clone(),
             "data",
         ));
         servers.spawn(server::serve(
             self.admin,
             self.admin_handler,
-            options,
+            admin_options,
+            Transport::default(),
             stop_rx,
             "admin",
         ));
@@ -417,6 +492,22 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| AppError::Bind { addr, source })
+}
+
+/// Reloads on every SIGHUP until the process ends: the one place SIGHUP is handled, so
+/// that whatever becomes reloadable is added to [`Reloader::reload`].
+pub async fn reload_on_sighup(reloader: Reloader) {
+    #[cfg(unix)]
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut hangups) => {
+            while hangups.recv().await.is_some() {
+                reloader.reload();
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot listen for SIGHUP; reloads are off"),
+    }
+    #[cfg(not(unix))]
+    let _ = reloader;
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -15,8 +15,9 @@
 //! - [`origin`]: what answers a key the gate let through: SQL lookups and the upstream
 //!   API (`origin::client` is the pooled HTTP client, `origin::http_cache` the HTTP
 //!   caching rules for upstream answers).
-//! - [`server`]: the HTTP/1.1 accept loop with head limits, timeouts and graceful
-//!   shutdown.
+//! - [`server`]: the accept loop: its bound on open connections, TLS termination with
+//!   certificate reload, HTTP/1.1, h2 (ALPN) and h2c (prior knowledge), head limits,
+//!   timeouts and graceful shutdown.
 //!
 //! Control plane:
 //! - [`gate`]: each configured filter (`gate::Filter`): its live membership
@@ -56,5 +57,5 @@ pub mod pipeline;
 pub mod server;
 pub mod watermark;
 
-pub use app::{App, AppError, shutdown_signal};
+pub use app::{App, AppError, Reloader, reload_on_sighup, shutdown_signal};
 pub use config::Config;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use bloomgate::config::{Compiled, Config, LogFormat};
 mod cli;
 
-use bloomgate::{App, shutdown_signal};
+use bloomgate::{App, reload_on_sighup, shutdown_signal};
 use clap::{Parser, Subcommand, ValueEnum};
 use cli::demo::{self, DemoOptions};
 use prometheus::Registry;
@@ -166,6 +166,8 @@ async fn serve(compiled: Compiled) -> anyhow::Result<()> {
     let app = App::build(compiled, Registry::new())
         .await
         .context("starting bloomgate")?;
+    // Ends with the runtime, after `run` returns.
+    tokio::spawn(reload_on_sighup(app.reloader()));
     app.run(shutdown_signal()).await;
     Ok(())
 }

@@ -1,7 +1,16 @@
-//! Serving HTTP/1.1 on a listener that is handed in: the accept loop, the limits on a
-//! request head (read timeout, size, target length), half-closed connections, and
-//! graceful shutdown (stop accepting, let in-flight requests finish within a grace
-//! period). It knows nothing about what the handler does.
+//! Serving HTTP on a listener that is handed in: the accept loop and its bound on open
+//! connections, TLS termination (`tls`, `cert`), the protocol of each connection
+//! (HTTP/1.1; HTTP/2 by ALPN on TLS or by its preface in cleartext, `sniff`), the limits
+//! on a request head (read timeout, size, target length), half-closed connections, idle
+//! connections, and graceful shutdown (stop accepting, let in-flight requests finish
+//! within a grace period; HTTP/2 clients get a GOAWAY). Each request reaches the handler
+//! the same whatever the protocol, with a [`ConnectionInfo`] in its extensions. It knows
+//! nothing about what the handler does.
+
+pub mod cert;
+pub mod metrics;
+mod sniff;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,17 +20,22 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONNECTION;
-use http::{HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response, Version};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+pub use metrics::ConnectionMetrics;
+pub use tls::{CertificateFiles, Tls};
 
 use crate::pipeline::error::ProxyError;
+use metrics::HandshakeFailure;
+use sniff::Spoken;
 
 /// Something that answers requests.
 pub trait Handler: Send + Sync + 'static {
@@ -40,16 +54,27 @@ pub trait Handler: Send + Sync + 'static {
 /// Settings of one listener.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeOptions {
-    /// Time a client has to send a request head.
+    /// Time a client has to send a request head, and to finish a TLS handshake; an
+    /// HTTP/1.1 connection idle this long between requests is closed, an HTTP/2
+    /// connection with no request this long is sent a GOAWAY, and one whose client does
+    /// not answer a ping within this long is closed.
     pub header_read_timeout: Duration,
     /// Time in-flight requests get after shutdown begins.
     pub grace: Duration,
     /// Largest request head (request line, headers, blank line) read; a larger one is
-    /// answered 431 by hyper and the connection closed. At least 8192.
+    /// answered 431 by hyper and the connection closed. At least 8192. On HTTP/2 it is
+    /// the advertised `SETTINGS_MAX_HEADER_LIST_SIZE` (which counts 32 bytes more per
+    /// header field).
     pub max_header_bytes: usize,
     /// Longest request target (path and query) handed to the handler; a longer one is
-    /// answered 414 here and the connection closed.
+    /// answered 414 here (and an HTTP/1.1 connection closed).
     pub max_uri_bytes: usize,
+    /// Serve HTTP/2: h2 by ALPN on TLS, h2c by its preface in cleartext.
+    pub http2: bool,
+    /// Most connections open at once; past it a new one is accepted and closed at once.
+    pub max_connections: usize,
+    /// Most concurrent streams per HTTP/2 connection, advertised in SETTINGS.
+    pub http2_max_concurrent_streams: u32,
 }
 
 impl Default for ServeOptions {
@@ -60,12 +85,67 @@ impl Default for ServeOptions {
             grace: Duration::from_secs(10),
             max_header_bytes: 16 * 1024,
             max_uri_bytes: 8 * 1024,
+            http2: true,
+            max_connections: 10_000,
+            http2_max_concurrent_streams: 128,
         }
     }
 }
 
-/// What the connection answers with: a refusal made here, or the handler's response.
+/// What a listener adds to plain TCP: TLS termination, and the metrics its connections
+/// are counted in. The default is neither.
+#[derive(Clone, Default)]
+pub struct Transport {
+    /// Terminate TLS on every connection.
+    pub tls: Option<Arc<Tls>>,
+    /// Count connections here.
+    pub metrics: Option<ConnectionMetrics>,
+}
+
+/// The protocol of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 (or 1.0), cleartext or TLS.
+    Http1,
+    /// HTTP/2 over TLS, chosen by ALPN.
+    H2,
+    /// HTTP/2 in cleartext with prior knowledge.
+    H2c,
+}
+
+impl Protocol {
+    /// The name used in metric labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::H2 => "h2",
+            Protocol::H2c => "h2c",
+        }
+    }
+}
+
+/// How a request reached the server; in the extensions of every request the handler
+/// gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    /// The connection's protocol.
+    pub protocol: Protocol,
+    /// Whether TLS carried it (bloomgate terminated it).
+    pub tls: bool,
+}
+
+/// What a connection answers with: a refusal made here, or the handler's response.
 type ServedBody<B> = Either<Full<Bytes>, B>;
+
+/// What every connection of a listener shares.
+struct Listener<H> {
+    handler: Arc<H>,
+    options: ServeOptions,
+    transport: Transport,
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    name: &'static str,
+}
 
 /// Accepts connections until `shutdown` turns true, then drains. Returns the number of
 /// connections that were still open when the grace period ran out.
@@ -73,11 +153,24 @@ pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
     options: ServeOptions,
+    transport: Transport,
     mut shutdown: watch::Receiver<bool>,
     name: &'static str,
 ) -> usize {
-    let graceful = GracefulShutdown::new();
-    let builder = http1_builder(&options);
+    // Draining waits for every slot at once, which the semaphore counts in a u32.
+    let limit = options
+        .max_connections
+        .clamp(1, u32::MAX as usize)
+        .min(Semaphore::MAX_PERMITS);
+    let slots = Arc::new(Semaphore::new(limit));
+    let shared = Arc::new(Listener {
+        handler,
+        options,
+        http1: http1_builder(&options),
+        http2: http2_builder(&options),
+        transport,
+        name,
+    });
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -92,47 +185,286 @@ pub async fn serve<H: Handler>(
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // Every slot is taken. Closing at once tells the client (or the load
+            // balancer) to go elsewhere now; leaving it in the backlog would make it
+            // wait for its own timeout while the kernel queue fills.
+            drop(stream);
+            if let Some(m) = &shared.transport.metrics {
+                m.refused();
+            }
+            tracing::debug!(listener = name, %peer, max_connections = limit,
+                "connection refused: too many open");
+            continue;
+        };
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(listener = name, error = %e, "cannot set TCP_NODELAY");
         }
-        let handler = Arc::clone(&handler);
-        let max_uri_bytes = options.max_uri_bytes;
-        let service = service_fn(move |req: Request<Incoming>| {
-            let handler = Arc::clone(&handler);
-            async move {
-                // Short-circuit: an over-long target never reaches routing.
-                if let Some(refused) = refuse_long_target(&req, max_uri_bytes, name) {
-                    return Ok::<_, Infallible>(refused);
-                }
-                Ok(handler.call(req, peer).await.map(Either::Right))
-            }
-        });
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
-            }
-        });
+        tokio::spawn(connection(
+            Arc::clone(&shared),
+            stream,
+            peer,
+            slot,
+            shutdown.clone(),
+        ));
     }
     drop(listener);
-    let open = graceful.count();
+    let open = |slots: &Semaphore| limit - slots.available_permits();
     tracing::info!(
         listener = name,
-        open_connections = open,
+        open_connections = open(&slots),
         "stopped accepting; draining"
     );
-    match tokio::time::timeout(options.grace, graceful.shutdown()).await {
-        Ok(()) => 0,
+    let all = u32::try_from(limit).unwrap_or(u32::MAX);
+    match tokio::time::timeout(options.grace, slots.acquire_many(all)).await {
+        Ok(_) => 0,
         Err(_) => {
+            let left = open(&slots);
             tracing::warn!(
                 listener = name,
                 grace_ms = options.grace.as_millis() as u64,
+                open_connections = left,
                 "grace period over; closing remaining connections"
             );
-            open
+            left
         }
     }
+}
+
+/// One connection, from TLS handshake or protocol detection to its end; it holds `slot`
+/// throughout.
+async fn connection<H: Handler>(
+    shared: Arc<Listener<H>>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: OwnedSemaphorePermit,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _slot = slot;
+    let _open = shared
+        .transport
+        .metrics
+        .as_ref()
+        .map(ConnectionMetrics::open);
+    let options = shared.options;
+    let name = shared.name;
+    if let Some(tls) = &shared.transport.tls {
+        let handshake =
+            tokio::time::timeout(options.header_read_timeout, tls.acceptor().accept(stream));
+        let handshake = tokio::select! {
+            done = handshake => done,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        let stream = match handshake {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                // Scanners and old clients fail handshakes all day: debug, and counted.
+                shared.handshake_failed(HandshakeFailure::Error);
+                tracing::debug!(listener = name, %peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                shared.handshake_failed(HandshakeFailure::Timeout);
+                tracing::debug!(listener = name, %peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
+        let io = TokioIo::new(stream);
+        if h2 && options.http2 {
+            serve_http2(&shared, io, peer, Protocol::H2, true, shutdown).await;
+        } else {
+            serve_http1(&shared, io, peer, true, shutdown).await;
+        }
+        return;
+    }
+    if !options.http2 {
+        serve_http1(&shared, TokioIo::new(stream), peer, false, shutdown).await;
+        return;
+    }
+    let sniffed = tokio::select! {
+        done = tokio::time::timeout(options.header_read_timeout, sniff::sniff(stream)) => done,
+        _ = shutdown.wait_for(|stop| *stop) => return,
+    };
+    match sniffed {
+        Ok(Ok((Spoken::Http2, io))) => {
+            serve_http2(
+                &shared,
+                TokioIo::new(io),
+                peer,
+                Protocol::H2c,
+                false,
+                shutdown,
+            )
+            .await;
+        }
+        Ok(Ok((Spoken::Http1, io))) => {
+            serve_http1(&shared, TokioIo::new(io), peer, false, shutdown).await;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(listener = name, %peer, error = %e, "connection closed before a request");
+        }
+        Err(_) => {
+            tracing::debug!(listener = name, %peer, "no request within the header read timeout");
+        }
+    }
+}
+
+impl<H: Handler> Listener<H> {
+    fn handshake_failed(&self, why: HandshakeFailure) {
+        if let Some(m) = &self.transport.metrics {
+            m.handshake_failed(why);
+        }
+    }
+
+    fn served(&self, info: ConnectionInfo) {
+        if let Some(m) = &self.transport.metrics {
+            m.served(info.protocol.as_str(), info.tls);
+        }
+    }
+}
+
+async fn serve_http1<H, I>(
+    shared: &Arc<Listener<H>>,
+    io: I,
+    peer: SocketAddr,
+    tls: bool,
+    shutdown: watch::Receiver<bool>,
+) where
+    H: Handler,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let info = ConnectionInfo {
+        protocol: Protocol::Http1,
+        tls,
+    };
+    shared.served(info);
+    let service = service(Arc::clone(shared), peer, info, None);
+    let conn = shared.http1.serve_connection(io, service);
+    // hyper closes an HTTP/1.1 connection idle past header_read_timeout itself.
+    drive(conn, shutdown, None, shared.name, peer).await;
+}
+
+async fn serve_http2<H, I>(
+    shared: &Arc<Listener<H>>,
+    io: I,
+    peer: SocketAddr,
+    protocol: Protocol,
+    tls: bool,
+    shutdown: watch::Receiver<bool>,
+) where
+    H: Handler,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let info = ConnectionInfo { protocol, tls };
+    shared.served(info);
+    let (busy, idle) = watch::channel(0usize);
+    let service = service(Arc::clone(shared), peer, info, Some(Arc::new(busy)));
+    let conn = shared.http2.serve_connection(io, service);
+    let idle = Some((idle, shared.options.header_read_timeout));
+    drive(conn, shutdown, idle, shared.name, peer).await;
+}
+
+/// Runs `conn` to its end. When shutdown begins, or (`idle`) no request has been in
+/// flight for the given time, it is asked to finish gracefully: HTTP/1.1 closes after
+/// the response in progress, HTTP/2 sends GOAWAY and lets its open streams finish.
+async fn drive<C>(
+    conn: C,
+    mut shutdown: watch::Receiver<bool>,
+    idle: Option<(watch::Receiver<usize>, Duration)>,
+    name: &'static str,
+    peer: SocketAddr,
+) where
+    C: GracefulConnection<Error: std::fmt::Display>,
+{
+    tokio::pin!(conn);
+    let closing = async {
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => {}
+            _ = idle_for(idle) => {
+                tracing::debug!(listener = name, %peer, "idle connection: closing");
+            }
+        }
+    };
+    let ended = tokio::select! {
+        ended = conn.as_mut() => ended,
+        _ = closing => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// Resolves once no request has been in flight for the given time; never without one.
+async fn idle_for(idle: Option<(watch::Receiver<usize>, Duration)>) {
+    let Some((mut in_flight, limit)) = idle else {
+        return std::future::pending().await;
+    };
+    loop {
+        let busy = *in_flight.borrow_and_update() > 0;
+        if busy {
+            if in_flight.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        } else if let Ok(changed) = tokio::time::timeout(limit, in_flight.changed()).await {
+            if changed.is_err() {
+                return std::future::pending().await;
+            }
+        } else {
+            return;
+        }
+    }
+}
+
+/// One request in flight on an HTTP/2 connection, for as long as this lives.
+struct InFlight(Arc<watch::Sender<usize>>);
+
+impl InFlight {
+    fn start(count: &Arc<watch::Sender<usize>>) -> InFlight {
+        count.send_modify(|n| *n += 1);
+        InFlight(Arc::clone(count))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// The service of one connection: the target-length limit, then the handler, with
+/// `info` in the request's extensions. With `in_flight`, each request is counted there
+/// until its response head is ready.
+fn service<H: Handler>(
+    shared: Arc<Listener<H>>,
+    peer: SocketAddr,
+    info: ConnectionInfo,
+    in_flight: Option<Arc<watch::Sender<usize>>>,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<ServedBody<H::Body>>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Send
++ 'static {
+    service_fn(move |mut req: Request<Incoming>| {
+        let shared = Arc::clone(&shared);
+        let counted = in_flight.as_ref().map(InFlight::start);
+        async move {
+            let _counted = counted;
+            // Short-circuit: an over-long target never reaches routing.
+            if let Some(refused) =
+                refuse_long_target(&req, shared.options.max_uri_bytes, shared.name)
+            {
+                return Ok::<_, Infallible>(refused);
+            }
+            req.extensions_mut().insert(info);
+            Ok(shared.handler.call(req, peer).await.map(Either::Right))
+        }
+    })
 }
 
 /// The HTTP/1.1 settings every connection of a listener shares.
@@ -155,8 +487,23 @@ fn http1_builder(options: &ServeOptions) -> hyper::server::conn::http1::Builder 
     builder
 }
 
+/// The HTTP/2 settings every connection of a listener shares.
+fn http2_builder(options: &ServeOptions) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(options.http2_max_concurrent_streams)
+        // Advertised in SETTINGS; a larger header block gets 431 from h2.
+        .max_header_list_size(u32::try_from(options.max_header_bytes).unwrap_or(u32::MAX))
+        // A peer that stops answering pings is gone: close its connection.
+        .keep_alive_interval(options.header_read_timeout)
+        .keep_alive_timeout(options.header_read_timeout);
+    builder
+}
+
 /// The 414 for a request whose target (path and query) is longer than `limit`, or
-/// `None` when it fits. The connection is closed after the answer.
+/// `None` when it fits. An HTTP/1.1 connection is closed after the answer; HTTP/2 has no
+/// connection header, and only the stream ends.
 fn refuse_long_target<B>(
     req: &Request<Incoming>,
     limit: usize,
@@ -169,7 +516,9 @@ fn refuse_long_target<B>(
     let error = ProxyError::UriTooLong { len, limit };
     error.log(listener);
     let mut resp = error.into_response().map(Either::Left);
-    resp.headers_mut()
-        .insert(CONNECTION, HeaderValue::from_static("close"));
+    if req.version() < Version::HTTP_2 {
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     Some(resp)
 }

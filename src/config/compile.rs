@@ -14,11 +14,13 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use super::validate::Problems;
 use super::{
     Config, ConfigError, FilterConfig, KeySource, Normalize, OriginConfig, RouteConfig, RouteMode,
-    StaleWindows, UndeclaredQuery, UpstreamConfig, WriteKey, WriteThroughConfig,
+    StaleWindows, TlsConfig, UndeclaredQuery, UpstreamConfig, WriteKey, WriteThroughConfig,
 };
 use crate::filter::BloomParams;
 use crate::pipeline::client::Cidrs;
 use crate::pipeline::route::{MatchOptions, PathPattern, QueryRules};
+use crate::server::CertificateFiles;
+use crate::server::cert::{CertFile, LoadedCertificate};
 
 /// A config that passed every rule, and everything decided from it. Only
 /// [`Config::compile`] makes one, so what it holds is consistent: every route's and
@@ -33,6 +35,7 @@ pub struct Compiled {
     pub(crate) write_through: Vec<CompiledWriteThrough>,
     pub(crate) trusted_proxies: Cidrs,
     pub(crate) outcome_header_clients: Cidrs,
+    pub(crate) tls: Option<CompiledTls>,
 }
 
 impl Compiled {
@@ -75,6 +78,39 @@ impl Compiled {
     /// `server.outcome_header_clients`.
     pub fn outcome_header_clients(&self) -> &Cidrs {
         &self.outcome_header_clients
+    }
+
+    /// `[server.tls]` with its certificate read, when configured.
+    pub fn tls(&self) -> Option<&CompiledTls> {
+        self.tls.as_ref()
+    }
+}
+
+/// `[server.tls]` with its files read and checked against each other.
+#[derive(Debug, Clone)]
+pub struct CompiledTls {
+    /// Where the certificate was read from (and is read again on reload).
+    pub files: CertificateFiles,
+    /// The certificate and key as read.
+    pub certificate: LoadedCertificate,
+}
+
+/// Reads the files of `[server.tls]`; a problem names the file's field.
+fn compile_tls(tls: &TlsConfig, p: &mut Problems) -> Option<CompiledTls> {
+    let files = CertificateFiles {
+        cert_file: tls.cert_file.clone(),
+        key_file: tls.key_file.clone(),
+    };
+    match files.load() {
+        Ok(certificate) => Some(CompiledTls { files, certificate }),
+        Err(e) => {
+            let field = match e.file() {
+                CertFile::Cert => "server.tls.cert_file",
+                CertFile::Key => "server.tls.key_file",
+            };
+            p.add(field, e);
+            None
+        }
     }
 }
 
@@ -177,6 +213,11 @@ impl Config {
     pub fn compile(&self) -> Result<Compiled, ConfigError> {
         let mut p = Problems::default();
         self.check_server(&mut p);
+        let tls = self
+            .server
+            .tls
+            .as_ref()
+            .and_then(|t| compile_tls(t, &mut p));
         let trusted_proxies = p
             .check(
                 "server.trusted_proxies",
@@ -244,6 +285,7 @@ impl Config {
             write_through,
             trusted_proxies,
             outcome_header_clients,
+            tls,
         })
     }
 

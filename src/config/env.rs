@@ -277,4 +277,23 @@ mod tests {
         .expect("nothing applies");
         assert_eq!(c.admin.token.as_deref(), Some("from-the-file"));
     }
+
+    #[test]
+    fn tls_variables_make_a_tls_table() {
+        let c = load(&[
+            ("BLOOMGATE__SERVER__TLS__CERT_FILE", "/run/secrets/cert.pem"),
+            ("BLOOMGATE__SERVER__TLS__KEY_FILE", "/run/secrets/key.pem"),
+            ("BLOOMGATE__SERVER__HTTP2", "false"),
+            ("BLOOMGATE__SERVER__MAX_CONNECTIONS", "500"),
+        ])
+        .expect("valid overrides");
+        let tls = c.server.tls.expect("a tls table");
+        assert_eq!(tls.cert_file, std::path::Path::new("/run/secrets/cert.pem"));
+        assert_eq!(tls.key_file, std::path::Path::new("/run/secrets/key.pem"));
+        assert!(!c.server.http2);
+        assert_eq!(c.server.max_connections, 500);
+        // Half a table is refused, naming what is missing.
+        let e = load(&[("BLOOMGATE__SERVER__TLS__CERT_FILE", "/c.pem")]).expect_err("no key file");
+        assert!(e.to_string().contains("key_file"), "{e}");
+    }
 }

@@ -13,6 +13,7 @@ use std::path::Path;
 use figment::Figment;
 use figment::providers::{Format, Toml};
 
+pub use compile::CompiledTls;
 pub use compile::{
     Compiled, CompiledFilter, CompiledOrigin, CompiledRoute, CompiledUpstream, CompiledWriteThrough,
 };

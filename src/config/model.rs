@@ -167,6 +167,28 @@ pub struct ServerConfig {
     pub outcome_header: OutcomeHeaderPolicy,
     /// Client address ranges that see the `x-bloomgate` header under `trusted`.
     pub outcome_header_clients: Vec<String>,
+    /// Serve HTTP/2 too: `h2` chosen by ALPN on TLS, and cleartext `h2c` from clients
+    /// that start with the HTTP/2 preface (prior knowledge). `Upgrade: h2c` is not
+    /// offered. Off: HTTP/1.1 only.
+    pub http2: bool,
+    /// Most data-plane connections open at once; past it a new connection is accepted
+    /// and closed at once (counted in `bloomgate_connections_refused_total`).
+    pub max_connections: usize,
+    /// Most concurrent requests (streams) on one HTTP/2 connection, advertised to the
+    /// client in its SETTINGS.
+    pub http2_max_concurrent_streams: u32,
+    /// TLS termination on the data plane. Off when absent: plain HTTP.
+    pub tls: Option<TlsConfig>,
+}
+
+/// The data plane's certificate and key, read at start and again on SIGHUP.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file: the server's certificate first, then any intermediates.
+    pub cert_file: std::path::PathBuf,
+    /// PEM file: the private key of that certificate (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: std::path::PathBuf,
 }
 
 /// Who is told, in the `x-bloomgate` response header, which stage answered.
@@ -194,6 +216,10 @@ impl Default for ServerConfig {
             trusted_proxies: Vec::new(),
             outcome_header: OutcomeHeaderPolicy::Always,
             outcome_header_clients: Vec::new(),
+            http2: true,
+            max_connections: 10_000,
+            http2_max_concurrent_streams: 128,
+            tls: None,
         }
     }
 }

@@ -106,6 +106,22 @@ impl Config {
         if s.header_read_timeout.is_zero() {
             p.add("server.header_read_timeout", "must be greater than 0");
         }
+        self.check_connection_bounds(p);
+    }
+
+    /// `server.max_connections` and `server.http2_max_concurrent_streams`. (The files of
+    /// `[server.tls]` are read in `compile`.)
+    fn check_connection_bounds(&self, p: &mut Problems) {
+        let s = &self.server;
+        if !(1..=1_000_000).contains(&s.max_connections) {
+            p.add("server.max_connections", "must be between 1 and 1000000");
+        }
+        if !(1..=10_000).contains(&s.http2_max_concurrent_streams) {
+            p.add(
+                "server.http2_max_concurrent_streams",
+                "must be between 1 and 10000",
+            );
+        }
     }
 
     pub(super) fn check_admin(&self, p: &mut Problems) {

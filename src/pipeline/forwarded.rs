@@ -16,38 +16,46 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 /// The `X-Forwarded-Host` header name.
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// The data plane speaks plain HTTP, so that is the protocol of the hop we saw.
-const PROTO: HeaderValue = HeaderValue::from_static("http");
+/// The protocol of the hop bloomgate saw: `https` when it terminated TLS itself.
+fn proto(tls: bool) -> HeaderValue {
+    HeaderValue::from_static(if tls { "https" } else { "http" })
+}
 
 /// Rewrites the family in `headers`, a request about to be forwarded as received from
-/// `peer`.
+/// `peer`, over TLS when `tls`.
 ///
 /// From a peer in `trusted`, the `X-Forwarded-For` chain (all its lines, in order) is
 /// kept with the peer appended, and the other headers of the family are kept; a missing
-/// `X-Forwarded-Proto` becomes `http`. From any other peer, whatever the client wrote is
-/// removed: `X-Forwarded-For` is the peer alone, `X-Forwarded-Proto` is `http`, and
-/// neither `X-Forwarded-Host` nor `Forwarded` is sent. IPv4-mapped IPv6 peers are
-/// written (and matched) as IPv4.
-pub fn rewrite(headers: &mut HeaderMap, peer: IpAddr, trusted: &Cidrs) {
+/// `X-Forwarded-Proto` becomes this hop's protocol. From any other peer, whatever the
+/// client wrote is removed: `X-Forwarded-For` is the peer alone, `X-Forwarded-Proto` is
+/// `https` on TLS and `http` otherwise, and neither `X-Forwarded-Host` nor `Forwarded`
+/// is sent. IPv4-mapped IPv6 peers are written (and matched) as IPv4.
+pub fn rewrite(headers: &mut HeaderMap, peer: IpAddr, trusted: &Cidrs, tls: bool) {
     let peer = canonical_ip(peer);
     let peer_value = ip_value(peer);
     if trusted.contains(peer) {
         let chain = appended_chain(headers, &peer_value);
         headers.insert(X_FORWARDED_FOR, chain);
         if !headers.contains_key(&X_FORWARDED_PROTO) {
-            headers.insert(X_FORWARDED_PROTO, PROTO);
+            headers.insert(X_FORWARDED_PROTO, proto(tls));
         }
         return;
     }
     headers.remove(&X_FORWARDED_HOST);
     headers.remove(FORWARDED);
     headers.insert(X_FORWARDED_FOR, peer_value);
-    headers.insert(X_FORWARDED_PROTO, PROTO);
+    headers.insert(X_FORWARDED_PROTO, proto(tls));
 }
 
 /// The family for a request built from scratch (an upstream origin fetch): what
 /// [`rewrite`] would leave of the client's `headers`, appended to `out`.
-pub fn copy_rewritten(client: &HeaderMap, peer: IpAddr, trusted: &Cidrs, out: &mut HeaderMap) {
+pub fn copy_rewritten(
+    client: &HeaderMap,
+    peer: IpAddr,
+    trusted: &Cidrs,
+    tls: bool,
+    out: &mut HeaderMap,
+) {
     let mut family = HeaderMap::new();
     if trusted.contains(peer) {
         for name in [
@@ -61,7 +69,7 @@ pub fn copy_rewritten(client: &HeaderMap, peer: IpAddr, trusted: &Cidrs, out: &m
             }
         }
     }
-    rewrite(&mut family, peer, trusted);
+    rewrite(&mut family, peer, trusted, tls);
     for (name, value) in family.iter() {
         out.append(name.clone(), value.clone());
     }
@@ -126,7 +134,7 @@ mod tests {
     fn an_untrusted_peer_replaces_every_claim() {
         for peer in ["203.0.113.9", "2001:db8::7", "::ffff:203.0.113.9"] {
             let mut h = claims();
-            rewrite(&mut h, ip(peer), &trusted());
+            rewrite(&mut h, ip(peer), &trusted(), false);
             let expected = peer.trim_start_matches("::ffff:");
             assert_eq!(values(&h, &X_FORWARDED_FOR), [expected], "{peer}");
             assert_eq!(values(&h, &X_FORWARDED_PROTO), ["http"]);
@@ -135,14 +143,14 @@ mod tests {
         }
         // No trusted proxies at all: everyone is untrusted.
         let mut h = claims();
-        rewrite(&mut h, ip("10.0.0.1"), &Cidrs::default());
+        rewrite(&mut h, ip("10.0.0.1"), &Cidrs::default(), false);
         assert_eq!(values(&h, &X_FORWARDED_FOR), ["10.0.0.1"]);
     }
 
     #[test]
     fn a_trusted_peer_keeps_the_chain_and_is_appended() {
         let mut h = claims();
-        rewrite(&mut h, ip("::ffff:10.1.2.3"), &trusted());
+        rewrite(&mut h, ip("::ffff:10.1.2.3"), &trusted(), false);
         assert_eq!(
             values(&h, &X_FORWARDED_FOR),
             ["6.6.6.6, not-an-ip, 7.7.7.7, 10.1.2.3"]
@@ -153,9 +161,30 @@ mod tests {
 
         let mut h = HeaderMap::new();
         h.append(X_FORWARDED_FOR, HeaderValue::from_static("  "));
-        rewrite(&mut h, ip("fd00::1"), &trusted());
+        rewrite(&mut h, ip("fd00::1"), &trusted(), false);
         assert_eq!(values(&h, &X_FORWARDED_FOR), ["fd00::1"]);
         assert_eq!(values(&h, &X_FORWARDED_PROTO), ["http"]);
+    }
+
+    #[test]
+    fn over_tls_the_hop_is_https_unless_a_trusted_proxy_said_otherwise() {
+        let mut h = claims();
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        rewrite(&mut h, ip("203.0.113.9"), &trusted(), true);
+        assert_eq!(values(&h, &X_FORWARDED_PROTO), ["https"]);
+
+        let mut h = HeaderMap::new();
+        rewrite(&mut h, ip("10.0.0.7"), &trusted(), true);
+        assert_eq!(values(&h, &X_FORWARDED_PROTO), ["https"]);
+
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        rewrite(&mut h, ip("10.0.0.7"), &trusted(), true);
+        assert_eq!(
+            values(&h, &X_FORWARDED_PROTO),
+            ["http"],
+            "the proxy saw the client"
+        );
     }
 
     #[test]
@@ -164,7 +193,7 @@ mod tests {
         client.insert("cookie", HeaderValue::from_static("secret"));
         let mut out = HeaderMap::new();
         out.insert("via", HeaderValue::from_static("1.1 bloomgate"));
-        copy_rewritten(&client, ip("10.0.0.5"), &trusted(), &mut out);
+        copy_rewritten(&client, ip("10.0.0.5"), &trusted(), false, &mut out);
         assert_eq!(
             values(&out, &X_FORWARDED_FOR),
             ["6.6.6.6, not-an-ip, 7.7.7.7, 10.0.0.5"]
@@ -174,7 +203,7 @@ mod tests {
         assert!(out.get("via").is_some());
 
         let mut out = HeaderMap::new();
-        copy_rewritten(&client, ip("192.0.2.1"), &trusted(), &mut out);
+        copy_rewritten(&client, ip("192.0.2.1"), &trusted(), false, &mut out);
         assert_eq!(values(&out, &X_FORWARDED_FOR), ["192.0.2.1"]);
         assert_eq!(values(&out, &X_FORWARDED_PROTO), ["http"]);
         assert_eq!(out.len(), 2);

@@ -18,6 +18,7 @@ use crate::pipeline::error::ProxyError;
 use crate::pipeline::forwarded;
 use crate::pipeline::outcome::BYPASS;
 use crate::pipeline::response::{self, ProxyBody, X_BLOOMGATE, error_response};
+use crate::server::ConnectionInfo;
 
 const VIA_VALUE: &str = "1.1 bloomgate";
 
@@ -75,12 +76,16 @@ async fn forward_inner(
     if declared.is_some_and(|n| n > max_body) {
         return Err(ProxyError::BodyTooLarge);
     }
+    let tls = req
+        .extensions()
+        .get::<ConnectionInfo>()
+        .is_some_and(|c| c.tls);
     let (mut parts, body) = req.into_parts();
     host_from_absolute_target(&mut parts);
     parts.uri = upstream.uri_for(parts.uri.path_and_query())?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
-    append_forwarded(&mut parts.headers, peer, trusted);
+    append_forwarded(&mut parts.headers, peer, trusted, tls);
     let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
     let upstream_req = Request::from_parts(parts, client::client_body(body, limit));
     let resp = upstream.send(upstream_req).await?;
@@ -113,7 +118,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Gives the upstream the Host the client's request was for.
 ///
-/// A target in absolute form (`GET http://a.example/p`) names its host, and RFC 9112
+/// An HTTP/2 request names its host in the `:authority` pseudo-header, which hyper puts
+/// in the URI (a `Host` header is optional there, and the authority wins over it, RFC
+/// 9113 §8.3.1); the upstream, spoken to in HTTP/1.1, gets it as `Host`. A target in
+/// absolute form (`GET http://a.example/p`) names its host, and RFC 9112
 /// §3.2.2 makes that authority win over any Host header; a proxy forwarding it must
 /// generate Host from the target. We do that rather than refuse a mismatch: the client
 /// controls Host on every other request anyway, so this gives it nothing new, and the
@@ -139,8 +147,8 @@ fn host_from_absolute_target(parts: &mut Parts) {
 }
 
 /// The forwarded headers as the upstream should see them, and this hop's Via.
-fn append_forwarded(headers: &mut HeaderMap, peer: SocketAddr, trusted: &Cidrs) {
-    forwarded::rewrite(headers, peer.ip(), trusted);
+fn append_forwarded(headers: &mut HeaderMap, peer: SocketAddr, trusted: &Cidrs, tls: bool) {
+    forwarded::rewrite(headers, peer.ip(), trusted, tls);
     headers.append(VIA, HeaderValue::from_static(VIA_VALUE));
 }
 
@@ -184,7 +192,7 @@ mod tests {
         let peer = SocketAddr::from(([127, 0, 0, 1], 5555));
         let mut h = HeaderMap::new();
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        append_forwarded(&mut h, peer, &trusted);
+        append_forwarded(&mut h, peer, &trusted, false);
         assert_eq!(
             h.get(X_FORWARDED_FOR).map(|v| v.as_bytes()),
             Some(&b"10.0.0.1, 127.0.0.1"[..])
@@ -193,7 +201,7 @@ mod tests {
 
         let mut h = HeaderMap::new();
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        append_forwarded(&mut h, peer, &Cidrs::default());
+        append_forwarded(&mut h, peer, &Cidrs::default(), false);
         assert_eq!(
             h.get(X_FORWARDED_FOR).map(|v| v.as_bytes()),
             Some(&b"127.0.0.1"[..])

@@ -2,8 +2,8 @@
 //! database and user per test (`TestDb`, counting the SELECTs the proxy runs), a real
 //! upstream API that counts its hits and can hold a request until the test lets it go
 //! (`StubUpstream`), a throwaway Redis server per test (`TestRedis`, in `redis`), a TCP
-//! relay that can play a database that is down (`Relay`), a small HTTP client, and raw
-//! TCP exchanges (`send_raw`).
+//! relay that can play a database that is down (`Relay`), a small HTTP client, raw TCP
+//! exchanges (`send_raw`), and a test CA with clients for every protocol (`tls`).
 //!
 //! Waiting is on events: a request the stub holds, a poll counted in `/metrics`, a
 //! statement in MariaDB's process list. A heavy MariaDB test takes its database with
@@ -41,6 +41,7 @@ pub mod config;
 pub mod mariadb;
 pub mod observe;
 pub mod redis;
+pub mod tls;
 
 #[allow(unused_imports)]
 pub use self::redis::{RedisOptions, TestRedis, redis_server};
@@ -784,11 +785,13 @@ impl StubUpstream {
             grace: Duration::from_secs(1),
             max_header_bytes: 256 * 1024,
             max_uri_bytes: 256 * 1024,
+            ..ServeOptions::default()
         };
         tokio::spawn(server::serve(
             listener,
             Arc::new(StubHandler(Arc::clone(&state))),
             options,
+            server::Transport::default(),
             stopped,
             "stub",
         ));

@@ -358,3 +358,21 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+#[test]
+fn connection_bounds_are_checked() {
+    let mut c = base();
+    c.server.max_connections = 0;
+    c.server.http2_max_concurrent_streams = 20_000;
+    let fields: Vec<String> = problems(&c).into_iter().map(|p| p.field).collect();
+    assert_eq!(
+        fields,
+        [
+            "server.max_connections",
+            "server.http2_max_concurrent_streams"
+        ]
+    );
+    c.server.max_connections = 1;
+    c.server.http2_max_concurrent_streams = 1;
+    assert_eq!(problems(&c), []);
+}

@@ -1,0 +1,135 @@
+//! TLS termination for the data plane: a rustls server config (the ring provider that the
+//! database and Redis clients use too; TLS 1.2 and 1.3; ALPN `h2` and `http/1.1`) whose
+//! certificate is read per handshake from a swappable slot. A reload swaps the slot: new
+//! handshakes get the new certificate, established connections keep their session. It
+//! does not read HTTP.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::crypto::CryptoProvider;
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, ServerConfig};
+
+use super::cert::{self, CertificateError, LoadedCertificate};
+use super::metrics::ConnectionMetrics;
+
+/// The ALPN name of HTTP/2.
+pub const ALPN_H2: &[u8] = b"h2";
+/// The ALPN name of HTTP/1.1.
+pub const ALPN_HTTP1: &[u8] = b"http/1.1";
+
+/// The one crypto provider of the process's TLS: ring.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Where the certificate and key are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateFiles {
+    /// The PEM chain.
+    pub cert_file: PathBuf,
+    /// The PEM private key.
+    pub key_file: PathBuf,
+}
+
+impl CertificateFiles {
+    /// Reads and checks both files.
+    pub fn load(&self) -> Result<LoadedCertificate, CertificateError> {
+        cert::load(&self.cert_file, &self.key_file, &provider())
+    }
+}
+
+/// Why the TLS server config could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set up TLS: {0}")]
+pub struct TlsSetupError(#[from] rustls::Error);
+
+/// The data plane's TLS: the acceptor every handshake goes through and the certificate
+/// slot it reads.
+pub struct Tls {
+    acceptor: TlsAcceptor,
+    slot: Arc<CertificateSlot>,
+    files: CertificateFiles,
+    metrics: Option<ConnectionMetrics>,
+}
+
+/// The certificate new handshakes get.
+#[derive(Debug)]
+struct CertificateSlot(ArcSwap<CertifiedKey>);
+
+impl ResolvesServerCert for CertificateSlot {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load_full())
+    }
+}
+
+impl Tls {
+    /// TLS with `first` (loaded from `files`) as the certificate, offering HTTP/2 by ALPN
+    /// when `http2`. `metrics` learn the certificate's expiry and count reloads.
+    pub fn new(
+        files: CertificateFiles,
+        first: LoadedCertificate,
+        http2: bool,
+        metrics: Option<ConnectionMetrics>,
+    ) -> Result<Tls, TlsSetupError> {
+        let slot = Arc::new(CertificateSlot(ArcSwap::new(first.key)));
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::clone(&slot) as Arc<dyn ResolvesServerCert>);
+        config.alpn_protocols = if http2 {
+            vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()]
+        } else {
+            vec![ALPN_HTTP1.to_vec()]
+        };
+        if let Some(m) = &metrics {
+            m.certificate_expires(first.not_after);
+        }
+        Ok(Tls {
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            slot,
+            files,
+            metrics,
+        })
+    }
+
+    /// The acceptor for new connections.
+    pub fn acceptor(&self) -> &TlsAcceptor {
+        &self.acceptor
+    }
+
+    /// Reads the files again. On success new handshakes get the new certificate; on
+    /// failure the current one stays. Either way it is logged and counted.
+    pub fn reload(&self) -> Result<(), CertificateError> {
+        let result = self.files.load();
+        match &result {
+            Ok(loaded) => {
+                self.slot.0.store(Arc::clone(&loaded.key));
+                if let Some(m) = &self.metrics {
+                    m.certificate_expires(loaded.not_after);
+                }
+                tracing::info!(
+                    cert_file = %self.files.cert_file.display(),
+                    not_after = loaded.not_after,
+                    "TLS certificate reloaded"
+                );
+            }
+            Err(e) => {
+                tracing::error!(
+                    cert_file = %self.files.cert_file.display(),
+                    key_file = %self.files.key_file.display(),
+                    error = %e,
+                    "TLS certificate reload failed; the current certificate stays"
+                );
+            }
+        }
+        if let Some(m) = &self.metrics {
+            m.reloaded(result.is_ok());
+        }
+        result.map(|_| ())
+    }
+}
