@@ -208,6 +208,9 @@ fn the_dashboard_is_well_formed() {
         "bloomgate_origin_breaker_state",
         "bloomgate_origin_refused_total",
         "bloomgate_origin_in_flight",
+        "bloomgate_connections_open",
+        "bloomgate_connections_refused_total",
+        "bloomgate_runtime",
     ] {
         assert!(
             exprs.iter().any(|e| e.contains(metric)),
