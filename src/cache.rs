@@ -157,6 +157,24 @@ pub struct ResponseCache {
     /// Whether any route forwards parameters or headers, so that invalidating a key
     /// must also look for its variants.
     has_variants: Arc<AtomicBool>,
+    /// Keys whose background refresh is running: one task per key at a time.
+    refreshing: Arc<std::sync::Mutex<std::collections::HashSet<CacheKey>>>,
+}
+
+/// A background refresh of one key, claimed by [`ResponseCache::claim_refresh`]; the
+/// key is free for another once this is dropped.
+pub struct RefreshClaim {
+    key: CacheKey,
+    refreshing: Arc<std::sync::Mutex<std::collections::HashSet<CacheKey>>>,
+}
+
+impl Drop for RefreshClaim {
+    fn drop(&mut self) {
+        self.refreshing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
 }
 
 impl ResponseCache {
@@ -165,6 +183,7 @@ impl ResponseCache {
     pub fn new(config: &CacheConfig, has_variants: bool) -> ResponseCache {
         ResponseCache {
             has_variants: Arc::new(AtomicBool::new(has_variants)),
+            refreshing: Arc::default(),
             positive: Cache::builder()
                 .name("bloomgate-positive")
                 .max_capacity(config.max_entries)
@@ -271,6 +290,15 @@ impl ResponseCache {
                 },
             },
         }
+    }
+
+    /// Claims the background refresh of `key`: `None` while another runs.
+    pub fn claim_refresh(&self, key: &CacheKey) -> Option<RefreshClaim> {
+        let mut refreshing = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        refreshing.insert(key.clone()).then(|| RefreshClaim {
+            key: key.clone(),
+            refreshing: Arc::clone(&self.refreshing),
+        })
     }
 
     /// Refreshes a stale entry through `fetch`. Refreshes of one key run one after
@@ -527,5 +555,16 @@ mod tests {
         }
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         assert!(matches!(cache.lookup(&key(3)).await, Lookup::Miss));
+    }
+
+    #[test]
+    fn a_key_has_one_background_refresh_at_a_time() {
+        let cache = cache();
+        let first = cache.claim_refresh(&key(4));
+        assert!(first.is_some());
+        assert!(cache.claim_refresh(&key(4)).is_none());
+        assert!(cache.claim_refresh(&key(5)).is_some());
+        drop(first);
+        assert!(cache.claim_refresh(&key(4)).is_some());
     }
 }

@@ -418,12 +418,17 @@ impl Proxy {
     /// Refreshes a stale entry in a task of its own, unless a refresh of it runs already;
     /// the request that asked has been answered with the stale entry.
     fn revalidate_in_background(&self, route: &GuardedRoute, cache_key: CacheKey) {
+        // Requests for a hot stale key arrive by the thousand: one task refreshes it.
+        let Some(claim) = self.cache.claim_refresh(&cache_key) else {
+            return;
+        };
         let origin = Arc::clone(&route.origin);
         let filter = Arc::clone(&route.filter);
         let cache = self.cache.clone();
         let negative_ttl = route.negative_ttl;
         let label = Arc::clone(&route.label);
         tokio::spawn(async move {
+            let _claim = claim;
             let key = cache_key.key.as_norm();
             let fence = filter.fence(&key);
             let negative = Negative {
