@@ -138,10 +138,15 @@ fn the_restart_command_brings_the_server_back_and_the_script_still_cleans_up() {
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
+        .stderr(Stdio::piped())
+        .output()
         .expect("run scripts/mariadb");
-    assert!(status.success(), "{status}");
+    assert!(
+        status.status.success(),
+        "{}: {}",
+        status.status,
+        String::from_utf8_lossy(&status.stderr)
+    );
     let written = std::fs::read_to_string(&out).expect("the command's output");
     let fields: Vec<&str> = written.split_whitespace().collect();
     assert_eq!(fields.len(), 4, "{written}");
