@@ -6,6 +6,7 @@
 mod compile;
 mod env;
 mod model;
+mod origins;
 mod validate;
 
 use std::path::Path;
@@ -18,6 +19,7 @@ pub use compile::{
     Compiled, CompiledFilter, CompiledOrigin, CompiledRoute, CompiledUpstream, CompiledWriteThrough,
 };
 pub use model::*;
+pub use origins::{BreakerConfig, OriginLimits};
 
 /// Prefix of the environment variables that override config fields; nested fields are
 /// separated by a double underscore: `BLOOMGATE__SERVER__LISTEN=0.0.0.0:8081`. A field
