@@ -138,7 +138,12 @@ impl Sink {
             Some(p) if p.as_os_str() == "-" => Ok(Sink::Stdout),
             Some(p) => Ok(Sink::File {
                 path: p.to_owned(),
-                file: std::io::BufWriter::new(append(p)?),
+                file: std::io::BufWriter::new(append(p).map_err(|source| {
+                    AccessLogError::Open {
+                        path: p.to_owned(),
+                        source,
+                    }
+                })?),
             }),
         }
     }
@@ -174,7 +179,7 @@ impl Sink {
                     tracing::info!(path = %path.display(), "access log reopened");
                 }
                 Err(e) => {
-                    tracing::error!(path = %path.display(), error = %e.source_error(),
+                    tracing::error!(path = %path.display(), error = %e,
                         "cannot reopen the access log; writing on to the old file")
                 }
             }
@@ -182,23 +187,11 @@ impl Sink {
     }
 }
 
-impl AccessLogError {
-    fn source_error(&self) -> &std::io::Error {
-        match self {
-            AccessLogError::Open { source, .. } => source,
-        }
-    }
-}
-
-fn append(path: &std::path::Path) -> Result<std::fs::File, AccessLogError> {
+fn append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|source| AccessLogError::Open {
-            path: path.to_owned(),
-            source,
-        })
 }
 
 /// Writes queued lines, flushing whenever the queue runs empty; reopens the file on

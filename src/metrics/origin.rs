@@ -112,9 +112,9 @@ impl OriginMetrics {
         self.refused[i].inc();
     }
 
-    /// Counts a call made (`success` or `failure`).
-    pub fn call(&self, result: &str) {
-        self.calls[usize::from(result == "failure")].inc();
+    /// Counts a call made: a `failure` (as the breaker counts them) or a `success`.
+    pub fn call(&self, failed: bool) {
+        self.calls[usize::from(failed)].inc();
     }
 
     /// Moves the in-flight gauge by `by`.

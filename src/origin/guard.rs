@@ -96,8 +96,7 @@ impl OriginGuard {
         } else {
             Ending::Success
         };
-        self.metrics
-            .call(if failed { "failure" } else { "success" });
+        self.metrics.call(failed);
         result
     }
 
