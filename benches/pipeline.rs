@@ -43,7 +43,7 @@ fn pipeline(c: &mut Criterion) {
             .await
             .expect("bind");
         let proxy = app.proxy();
-        proxy.routes()[0]
+        proxy.current().routes()[0]
             .filter
             .build_once(&db, RebuildReason::Startup)
             .await

@@ -1,9 +1,9 @@
 //! The admin plane: `/metrics`, `/healthz`, `/readyz`, `/admin/filters` and the mutating
-//! calls (rebuild, add keys, invalidate cache entries) behind a bearer token. It observes
+//! calls (rebuild, add keys, invalidate cache entries, reload the configuration) behind a
+//! bearer token. It observes
 //! and steers the pipeline; it never answers data-plane traffic.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -16,12 +16,14 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
+use crate::config::ConfigError;
 use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
 use crate::key::normalize;
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::pipeline::response;
+use crate::reload::{ReloadError, Reloader};
 use crate::server::Handler;
 
 /// Largest admin request body (key uploads).
@@ -29,8 +31,8 @@ const MAX_ADMIN_BODY: usize = 64 * 1024 * 1024;
 
 /// What the admin plane needs to see and steer.
 pub struct Admin {
-    /// Filters by name.
-    pub filters: BTreeMap<String, Arc<Filter>>,
+    /// Reloads the configuration; holds the filters, origins and token in force.
+    pub reloader: Reloader,
     /// The data-plane handler (for cache invalidation and cache sizes).
     pub proxy: Arc<Proxy>,
     /// The admission path (adds keys, invalidates entries).
@@ -39,12 +41,8 @@ pub struct Admin {
     pub registry: Registry,
     /// Metric handles, for gauges refreshed at scrape time.
     pub metrics: Metrics,
-    /// Bearer token for mutating calls; `None` refuses them all.
-    pub token: Option<String>,
     /// Fleet mode, when configured.
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
-    /// The origins' breakers and bounds, for `/admin/origins`.
-    pub origins: Vec<Arc<crate::origin::guard::OriginGuard>>,
 }
 
 impl Handler for Admin {
@@ -61,7 +59,12 @@ impl Handler for Admin {
                 json_response(StatusCode::OK, &self.filters_json())
             }
             (&Method::GET, ["admin", "origins"]) => {
-                let origins: Vec<Value> = self.origins.iter().map(|o| o.status_json()).collect();
+                let origins: Vec<Value> = self
+                    .reloader
+                    .origins()
+                    .iter()
+                    .map(|o| o.status_json())
+                    .collect();
                 json_response(StatusCode::OK, &json!({ "origins": origins }))
             }
             (&Method::GET, ["admin", "fleet"]) => match &self.fleet {
@@ -76,7 +79,7 @@ impl Handler for Admin {
                 if let Err(refusal) = self.authorize(&req) {
                     return refusal.into_response();
                 }
-                let Some(filter) = self.filters.get(*name).cloned() else {
+                let Some(filter) = self.reloader.filters().get(*name).cloned() else {
                     return error(
                         StatusCode::NOT_FOUND,
                         "no_such_filter",
@@ -95,13 +98,20 @@ impl Handler for Admin {
                 }
                 self.invalidate(req).await
             }
+            (&Method::POST, ["admin", "reload"]) => {
+                if let Err(refusal) = self.authorize(&req) {
+                    return refusal.into_response();
+                }
+                self.reload().await
+            }
             // A known path asked with another method; any other path is unknown (404).
             (
                 _,
                 ["metrics" | "healthz" | "readyz"]
                 | ["admin", "filters" | "fleet" | "origins"]
                 | ["admin", "filters", _, "rebuild" | "keys"]
-                | ["admin", "cache", "invalidate"],
+                | ["admin", "cache", "invalidate"]
+                | ["admin", "reload"],
             ) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -114,7 +124,7 @@ impl Handler for Admin {
 
 impl Admin {
     async fn metrics_text(&self) -> Response<Full<Bytes>> {
-        for filter in self.filters.values() {
+        for filter in self.reloader.filters().values() {
             filter.publish_metrics();
         }
         let cache = self.proxy.cache();
@@ -142,8 +152,8 @@ impl Admin {
     }
 
     fn readyz(&self) -> Response<Full<Bytes>> {
-        let waiting: Vec<&str> = self
-            .filters
+        let filters = self.reloader.filters();
+        let waiting: Vec<&str> = filters
             .values()
             .filter(|g| !g.is_ready())
             .map(|g| g.name())
@@ -160,7 +170,8 @@ impl Admin {
 
     fn filters_json(&self) -> Value {
         let filters: Vec<Value> = self
-            .filters
+            .reloader
+            .filters()
             .values()
             .map(|g| {
                 let cfg = g.config();
@@ -190,7 +201,7 @@ impl Admin {
     }
 
     fn authorize(&self, req: &Request<Incoming>) -> Result<(), Refusal> {
-        let Some(token) = &self.token else {
+        let Some(token) = self.reloader.token() else {
             return Err(Refusal::new(
                 StatusCode::FORBIDDEN,
                 "admin_disabled",
@@ -203,12 +214,49 @@ impl Admin {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         match presented {
-            Some(p) if token_matches(p.trim(), token) => Ok(()),
+            Some(p) if token_matches(p.trim(), &token) => Ok(()),
             _ => Err(Refusal::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "a valid bearer token is required",
             )),
+        }
+    }
+
+    /// Reloads the configuration file: 200 with what changed, or why nothing did.
+    async fn reload(&self) -> Response<Full<Bytes>> {
+        match self.reloader.reload().await {
+            Ok(changes) => json_response(
+                StatusCode::OK,
+                &json!({"reloaded": true, "changes": changes}),
+            ),
+            Err(e) => {
+                let (status, code, fields) = match &e {
+                    ReloadError::NoFile => (StatusCode::CONFLICT, "no_config_file", Vec::new()),
+                    ReloadError::Invalid(ConfigError::Invalid(problems)) => (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "config_invalid",
+                        problems.iter().map(|p| p.field.clone()).collect(),
+                    ),
+                    ReloadError::Invalid(_) => (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "config_invalid",
+                        Vec::new(),
+                    ),
+                    ReloadError::NeedsRestart(fields) => {
+                        (StatusCode::CONFLICT, "needs_restart", fields.clone())
+                    }
+                    ReloadError::Failed(_) => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "reload_failed",
+                        Vec::new(),
+                    ),
+                };
+                json_response(
+                    status,
+                    &json!({"reloaded": false, "error": code, "message": e.to_string(), "fields": fields}),
+                )
+            }
         }
     }
 
@@ -280,7 +328,7 @@ impl Admin {
         };
         let mut dropped = 0u64;
         for raw_key in &raw {
-            for filter in self.filters.values() {
+            for filter in self.reloader.filters().values() {
                 if let Ok(key) = normalize(filter.normalize_rule(), Cow::Borrowed(raw_key.as_str()))
                 {
                     self.admit

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -14,23 +15,20 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::access_log::AccessLog;
 use crate::admin::Admin;
 use crate::cache::ResponseCache;
-use crate::config::{Compiled, CompiledOrigin, Config, ConfigError};
+use crate::config::{Compiled, Config, ConfigError};
 use crate::db::{Db, PoolSettings};
 use crate::fleet::Fleet;
 use crate::gate::Filter;
 use crate::gate::admit::Admit;
 use crate::metrics::{FleetMetrics, Metrics};
-use crate::origin::client::Upstream;
-use crate::origin::guard::OriginGuard;
-use crate::origin::{Origin, SqlOrigin, UpstreamOrigin};
 use crate::pipeline::budget::Budget;
-use crate::pipeline::write_through::WriteThrough;
-use crate::pipeline::{EdgePolicy, GuardedRoute, Proxy, ProxyBody};
+use crate::pipeline::{Proxy, ProxyBody};
+use crate::reload::Reloader;
 use crate::server::tls::TlsSetupError;
 use crate::server::{self, ConnectionMetrics, Handler, ServeOptions, Tls, Transport};
+use crate::stages::{AssembleError, RouteIds, Stages};
 
 /// Local changes waiting for the fleet's appender; past this, a change is dropped
 /// (counted) rather than making a request wait.
@@ -61,20 +59,16 @@ pub enum AppError {
     /// Fleet mode could not be set up (a Redis URL the client refuses).
     #[error("fleet: {0}")]
     Fleet(#[from] crate::fleet::FleetError),
-    /// A route's origin needs a section the compiled config lacks.
-    #[error("route {route}: its origin needs [{section}]")]
-    MissingSection {
-        /// The route's label.
-        route: String,
-        /// The missing section.
-        section: &'static str,
-    },
+    /// Fleet mode needs `[database]`.
+    #[error("fleet mode needs [database]")]
+    FleetWithoutDatabase,
+    /// The pipeline could not be assembled (an origin without its section, an access
+    /// log that cannot be opened).
+    #[error(transparent)]
+    Assemble(#[from] AssembleError),
     /// Metric registration failed (a name clash: a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
-    /// The access log file could not be opened.
-    #[error(transparent)]
-    AccessLog(#[from] crate::access_log::AccessLogError),
     /// The TLS server config could not be made from the certificate.
     #[error(transparent)]
     Tls(#[from] TlsSetupError),
@@ -86,40 +80,11 @@ pub struct App {
     data: TcpListener,
     admin: TcpListener,
     proxy: Arc<Proxy>,
-    admit: Arc<Admit>,
     admin_handler: Arc<Admin>,
-    filters: Vec<Arc<Filter>>,
-    db: Option<Db>,
-    fleet: Option<Arc<Fleet>>,
-    /// TLS of the data plane, whose certificate [`Reloader::reload`] swaps.
+    reloader: Reloader,
+    /// TLS of the data plane.
     tls: Option<Arc<Tls>>,
     connections: ConnectionMetrics,
-}
-
-/// What can be reloaded in a running bloomgate without dropping connections: today the
-/// TLS certificate. Cheap to clone; outlives the [`App`] it came from.
-#[derive(Clone)]
-pub struct Reloader {
-    tls: Option<Arc<Tls>>,
-}
-
-impl Reloader {
-    /// Reloads everything reloadable (what SIGHUP asks for). Each part logs and counts
-    /// its own result; a part that fails keeps what it had.
-    pub fn reload(&self) {
-        tracing::info!("reloading");
-        self.reload_tls();
-    }
-
-    /// Reads the TLS certificate and key again; new handshakes get them, established
-    /// connections keep theirs. On failure the current certificate stays. Without TLS,
-    /// nothing happens.
-    pub fn reload_tls(&self) {
-        if let Some(tls) = &self.tls {
-            // The error is logged and counted by `reload`.
-            let _ = tls.reload();
-        }
-    }
 }
 
 struct DataPlane(Arc<Proxy>);
@@ -148,24 +113,34 @@ impl App {
         Self::build(config.compile()?, registry).await
     }
 
+    /// As [`App::build`], for a config compiled from the file at `path`, which reloads
+    /// read again.
+    pub async fn build_from_file(
+        compiled: Compiled,
+        path: &Path,
+        registry: Registry,
+    ) -> Result<App, AppError> {
+        Self::assemble(compiled, registry, Some(path.to_path_buf())).await
+    }
+
     /// Builds every stage from a compiled config, registering metrics on `registry`, and
     /// binds both listeners. Nothing is served and no database connection is opened
-    /// until [`App::run`].
+    /// until [`App::run`]. With no file behind it, the config cannot be reloaded.
     pub async fn build(compiled: Compiled, registry: Registry) -> Result<App, AppError> {
-        let Compiled {
-            config,
-            upstream,
-            filters: compiled_filters,
-            routes: compiled_routes,
-            write_through: compiled_write_through,
-            trusted_proxies,
-            outcome_header_clients,
-            tls,
-        } = compiled;
+        Self::assemble(compiled, registry, None).await
+    }
+
+    async fn assemble(
+        mut compiled: Compiled,
+        registry: Registry,
+        path: Option<PathBuf>,
+    ) -> Result<App, AppError> {
         let metrics = Metrics::new(&registry)?;
+        let first_tls = compiled.tls.take();
+        let config = compiled.config();
         let connections =
-            ConnectionMetrics::register(&registry, tls.is_some(), config.server.http2)?;
-        let tls = match tls {
+            ConnectionMetrics::register(&registry, first_tls.is_some(), config.server.http2)?;
+        let tls = match first_tls {
             Some(t) => Some(Arc::new(Tls::new(
                 t.files,
                 t.certificate,
@@ -186,111 +161,9 @@ impl App {
             )?),
             None => None,
         };
-        let database_guard = config.database.as_ref().map(|d| {
-            Arc::new(OriginGuard::new(
-                "database",
-                &d.limits(),
-                metrics.origins.handles("database"),
-            ))
-        });
-        let upstream_guard = upstream.as_ref().map(|u| {
-            Arc::new(OriginGuard::new(
-                "upstream",
-                &u.settings.limits(),
-                metrics.origins.handles("upstream"),
-            ))
-        });
-        let upstream = upstream.map(|u| Arc::new(Upstream::new(&u)));
-        // In the order of `Compiled::filters`, which routes and rules refer to by position.
-        let filters: Vec<Arc<Filter>> = compiled_filters
-            .into_iter()
-            .map(|f| {
-                tracing::debug!(filter = %f.name, bits = f.params.bits, hashes = f.params.hashes,
-                    expected_items = f.params.expected_items, "filter sized");
-                let sync_interval = f.settings.sync.as_ref().map(|s| s.interval);
-                let handles =
-                    metrics
-                        .filters
-                        .handles(&f.name, f.settings.false_positive_rate, sync_interval);
-                Arc::new(Filter::new(&f.name, f.settings, handles))
-            })
-            .collect();
-
-        let has_variants = compiled_routes.iter().any(|r| r.has_variants());
-        let mut routes = Vec::with_capacity(compiled_routes.len());
-        for r in compiled_routes {
-            let filter = Arc::clone(&filters[r.filter]);
-            let origin = match (
-                r.origin,
-                db.as_ref().zip(database_guard.as_ref()),
-                upstream.as_ref().zip(upstream_guard.as_ref()),
-            ) {
-                (CompiledOrigin::Sql { query, timeout }, Some((db, guard)), _) => {
-                    Origin::Sql(SqlOrigin {
-                        db: db.clone(),
-                        query,
-                        timeout,
-                        ttl: r.ttl,
-                        stale: r.stale,
-                        guard: Arc::clone(guard),
-                    })
-                }
-                (
-                    CompiledOrigin::Upstream {
-                        not_found,
-                        forward_headers,
-                        headers,
-                    },
-                    _,
-                    Some((upstream, guard)),
-                ) => Origin::Upstream(UpstreamOrigin {
-                    upstream: Arc::clone(upstream),
-                    pattern: r.pattern.clone(),
-                    not_found,
-                    ttl: r.ttl,
-                    stale: r.stale,
-                    forward_headers,
-                    headers,
-                    guard: Arc::clone(guard),
-                }),
-                // `Config::compile` refuses both; a `Compiled` changed afterwards may not.
-                (CompiledOrigin::Sql { .. }, None, _) => {
-                    return Err(AppError::MissingSection {
-                        route: r.label.to_string(),
-                        section: "database",
-                    });
-                }
-                (CompiledOrigin::Upstream { .. }, _, None) => {
-                    return Err(AppError::MissingSection {
-                        route: r.label.to_string(),
-                        section: "upstream",
-                    });
-                }
-            };
-            routes.push(GuardedRoute {
-                id: r.id,
-                metrics: metrics
-                    .routes
-                    .handles(&r.label, filter.name(), r.mode.as_str()),
-                label: r.label,
-                pattern: r.pattern,
-                normalize: r.normalize,
-                filter,
-                origin: Arc::new(origin),
-                negative_ttl: r.negative_ttl,
-                mode: r.mode,
-                query: r.query,
-                logged_false_negatives: std::sync::Mutex::new(std::collections::HashSet::new()),
-            });
-        }
+        let has_variants = compiled.routes().iter().any(|r| r.has_variants());
         let cache = Arc::new(ResponseCache::new(&config.cache, has_variants));
-        let mut admit = Admit::new(
-            Arc::clone(&cache),
-            routes
-                .iter()
-                .map(|r| (Arc::from(r.filter.name()), r.id))
-                .collect(),
-        );
+        let mut admit = Admit::new(Arc::clone(&cache), Vec::new());
         let mut fleet_parts = None;
         if let Some(fleet) = &config.fleet {
             let fleet_metrics = FleetMetrics::register(&registry)?;
@@ -299,73 +172,69 @@ impl App {
             admit = admit.with_outbox(tx, move |n| dropped.entries("dropped", n));
             fleet_parts = Some((fleet.clone(), rx, fleet_metrics));
         }
-        let admit = Arc::new(admit);
-        let fleet = match (fleet_parts, &db) {
+        let budget = match &config.false_positive_budget {
+            Some(b) => {
+                crate::pipeline::budget::register(&registry, b.per_client, b.window)?;
+                Some(Arc::new(Budget::new(b.per_client, b.window, b.slots)))
+            }
+            None => None,
+        };
+        let mut stages = Stages {
+            registry,
+            metrics,
+            cache,
+            db,
+            database_guard: None,
+            upstream: None,
+            filters: BTreeMap::new(),
+            route_ids: RouteIds::default(),
+            admit: Arc::new(admit),
+            fleet: None,
+            tls: tls.clone(),
+            budget,
+            access_log: None,
+        };
+        stages.set_origins(compiled.config(), compiled.upstream());
+        for f in compiled.filters() {
+            let filter = stages.new_filter(f);
+            stages.filters.insert(f.name.clone(), filter);
+        }
+        // In the order of `Compiled::filters`, as the fleet numbers them.
+        let ordered: Vec<Arc<Filter>> = compiled
+            .filters()
+            .iter()
+            .filter_map(|f| stages.filters.get(&f.name).cloned())
+            .collect();
+        stages.fleet = match (fleet_parts, &stages.db) {
             (Some((settings, rx, fleet_metrics)), Some(db)) => Some(Arc::new(Fleet::new(
                 settings,
-                &filters,
-                Arc::clone(&admit),
+                &ordered,
+                Arc::clone(&stages.admit),
                 db.clone(),
                 rx,
                 fleet_metrics,
             )?)),
-            (Some(_), None) => {
-                return Err(AppError::MissingSection {
-                    route: "fleet".into(),
-                    section: "database",
-                });
-            }
+            (Some(_), None) => return Err(AppError::FleetWithoutDatabase),
             (None, _) => None,
         };
-        let write_through = compiled_write_through
-            .into_iter()
-            .map(|rule| {
-                let filter = Arc::clone(&filters[rule.filter]);
-                let added = metrics.write_through(filter.name());
-                WriteThrough::from_compiled(rule, filter, Arc::clone(&admit), added)
-            })
-            .collect();
-        let budget = match &config.false_positive_budget {
-            Some(b) => {
-                crate::pipeline::budget::register(&registry, b.per_client, b.window)?;
-                Some(Budget::new(b.per_client, b.window, b.slots))
-            }
-            None => None,
-        };
-        let access_log = match &config.access_log {
-            Some(a) => Some(AccessLog::start(a, metrics.access_log_lines())?),
-            None => None,
-        };
-        let edge = EdgePolicy {
-            trusted_proxies,
-            outcome_header: config.server.outcome_header,
-            outcome_header_clients,
-            budget,
-            access_log,
-        };
-
-        let proxy = Arc::new(Proxy::new(
-            routes,
-            cache,
-            upstream,
-            config.server.max_body_bytes,
-            metrics.passthrough(),
-            write_through,
-            edge,
-        ));
-        let by_name: BTreeMap<String, Arc<Filter>> = filters
-            .iter()
-            .map(|f| (f.name().to_owned(), Arc::clone(f)))
-            .collect();
+        let access_log = stages.access_log_for(compiled.config().access_log.as_ref())?;
+        let (pipeline, config) = stages.assemble(compiled, access_log).await?;
+        let proxy = Arc::new(Proxy::new(pipeline));
+        let admin_parts = (
+            stages.registry.clone(),
+            stages.metrics.clone(),
+            Arc::clone(&stages.admit),
+            stages.fleet.clone(),
+        );
+        let reloader = Reloader::new(path, stages, config.clone(), Arc::clone(&proxy));
+        let (registry, metrics, admit, fleet) = admin_parts;
         let admin_handler = Arc::new(Admin {
-            filters: by_name,
+            reloader: reloader.clone(),
             proxy: Arc::clone(&proxy),
-            admit: Arc::clone(&admit),
+            admit,
             registry,
             metrics,
-            token: config.admin.token.clone(),
-            fleet: fleet.clone(),
-            origins: database_guard.into_iter().chain(upstream_guard).collect(),
+            fleet,
         });
         let data = bind(config.server.listen).await?;
         let admin = bind(config.admin.listen).await?;
@@ -374,22 +243,16 @@ impl App {
             data,
             admin,
             proxy,
-            admit,
             admin_handler,
-            filters,
-            db,
-            fleet,
+            reloader,
             tls,
             connections,
         })
     }
 
-    /// A handle that reloads the certificate (and whatever else becomes reloadable)
-    /// while this app runs.
+    /// A handle that reloads the configuration while this app runs.
     pub fn reloader(&self) -> Reloader {
-        Reloader {
-            tls: self.tls.clone(),
-        }
+        self.reloader.clone()
     }
 
     /// The bound data-plane address (useful with port 0).
@@ -429,24 +292,21 @@ impl App {
             max_connections: ADMIN_MAX_CONNECTIONS,
             ..options
         };
-        // Join sets abort their tasks when dropped, with this future.
+        let (db, fleet) = self.reloader.fixed_parts().await;
+        // Join sets abort their tasks when dropped, with this future; so does the guard
+        // of the standalone filter tasks.
         let mut loaders = JoinSet::new();
-        if let Some(fleet) = &self.fleet {
+        let filter_tasks = FilterTasksGuard(self.reloader.clone());
+        if let Some(fleet) = &fleet {
             // The fleet decides, per filter, whether this instance builds and syncs.
             loaders.spawn(Arc::clone(fleet).run());
-        } else if let Some(db) = &self.db {
-            for filter in &self.filters {
-                loaders.spawn(Arc::clone(filter).run_loader(db.clone()));
-                loaders.spawn(crate::gate::sync::run(
-                    Arc::clone(filter),
-                    Arc::clone(&self.admit),
-                    db.clone(),
-                ));
-            }
+        } else {
+            self.reloader.start_filter_tasks().await;
         }
         tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),
             tls = self.tls.is_some(), http2 = options.http2,
-            routes = self.proxy.routes().len(), filters = self.filters.len(), "bloomgate listening");
+            routes = self.proxy.current().routes().len(),
+            filters = self.reloader.filters().len(), "bloomgate listening");
         let mut servers = JoinSet::new();
         servers.spawn(server::serve(
             self.data,
@@ -476,15 +336,30 @@ impl App {
                 tracing::error!(error = %e, "server task failed");
             }
         }
-        if let Some(fleet) = &self.fleet {
+        if let Some(fleet) = &fleet {
             // Another instance takes over at once instead of after the lease expires.
             fleet.release_leases().await;
         }
         loaders.shutdown().await;
-        if let Some(db) = self.db {
+        self.reloader.stop_filter_tasks().await;
+        drop(filter_tasks);
+        if let Some(db) = db {
             db.close().await;
         }
         tracing::info!("stopped");
+    }
+}
+
+/// Stops the standalone filter tasks when [`App::run`] ends or is dropped.
+struct FilterTasksGuard(Reloader);
+
+impl Drop for FilterTasksGuard {
+    fn drop(&mut self) {
+        let reloader = self.0.clone();
+        // Dropped inside the runtime (the future of `run`); nothing to do without one.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { reloader.stop_filter_tasks().await });
+        }
     }
 }
 
@@ -494,14 +369,14 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {
         .map_err(|source| AppError::Bind { addr, source })
 }
 
-/// Reloads on every SIGHUP until the process ends: the one place SIGHUP is handled, so
-/// that whatever becomes reloadable is added to [`Reloader::reload`].
+/// Reloads the configuration on every SIGHUP until the process ends: the one place
+/// SIGHUP is handled. A refused reload is logged and counted by [`Reloader::reload`].
 pub async fn reload_on_sighup(reloader: Reloader) {
     #[cfg(unix)]
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(mut hangups) => {
             while hangups.recv().await.is_some() {
-                reloader.reload();
+                let _ = reloader.reload().await;
             }
         }
         Err(e) => tracing::error!(error = %e, "cannot listen for SIGHUP; reloads are off"),
@@ -543,6 +418,7 @@ mod tests {
     use http::HeaderName;
 
     use super::*;
+    use crate::origin::Origin;
 
     const CONFIG: &str = r#"
         [server]
@@ -596,8 +472,8 @@ mod tests {
         let app = App::build(compiled, Registry::new())
             .await
             .expect("builds from the compiled form");
-        let proxy = app.proxy();
-        let routes = proxy.routes();
+        let pipeline = app.proxy().current();
+        let routes = pipeline.routes();
         assert_eq!(routes.len(), 2);
         assert_eq!(routes[0].pattern.matches("/api/products/7"), Some("7"));
         assert_eq!(&*routes[0].label, "/api/products/{id}");
@@ -637,7 +513,7 @@ mod tests {
             .expect("compiles");
         compiled.config.database = None;
         match App::build(compiled, Registry::new()).await {
-            Err(AppError::MissingSection { route, section }) => {
+            Err(AppError::Assemble(AssembleError::MissingSection { route, section })) => {
                 assert_eq!(
                     (route.as_str(), section),
                     ("/api/products/{id}", "database")

@@ -20,8 +20,9 @@ use crate::origin::{CachedResponse, Fetched, OriginError, Variant};
 /// forwards to its origin (declared query parameters and headers), if any.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
-    /// Index of the guarded route (routes may share keys but not answers).
-    pub route: u16,
+    /// Stable id of the guarded route (routes may share keys but not answers; see
+    /// `reload::RouteIds`).
+    pub route: u32,
     /// The normalised key.
     pub key: OwnedKey,
     /// What else the origin request carries; `None` for the plain canonical request.
@@ -373,7 +374,7 @@ impl ResponseCache {
     }
 
     /// Drops every entry (positive, of any variant, and negative) for a route's key.
-    pub async fn invalidate(&self, route: u16, key: &OwnedKey) {
+    pub async fn invalidate(&self, route: u32, key: &OwnedKey) {
         let plain = CacheKey {
             route,
             key: key.clone(),
@@ -395,7 +396,7 @@ impl ResponseCache {
     }
 
     /// Drops a negative entry for a route's key, leaving positive ones alone.
-    pub async fn invalidate_negative(&self, route: u16, key: &OwnedKey) {
+    pub async fn invalidate_negative(&self, route: u32, key: &OwnedKey) {
         let plain = CacheKey {
             route,
             key: key.clone(),
@@ -404,6 +405,23 @@ impl ResponseCache {
         // Sync re-applies whole windows of keys; most have no negative entry.
         if self.negative.contains_key(&plain) {
             self.negative.invalidate(&plain).await;
+        }
+    }
+
+    /// Records whether some route forwards parameters or headers (after a reload).
+    pub fn set_has_variants(&self, has_variants: bool) {
+        self.has_variants.store(has_variants, Ordering::Relaxed);
+    }
+
+    /// Drops the positive entries of a route id no route has any more (a reload removed
+    /// or reshaped it); its negative entries end with their short TTL. The scan runs in
+    /// moka's maintenance.
+    pub fn invalidate_route(&self, route: u32) {
+        if let Err(e) = self
+            .positive
+            .invalidate_entries_if(move |k, _| k.route == route)
+        {
+            tracing::warn!(error = %e, route, "cannot drop the cached entries of a retired route");
         }
     }
 

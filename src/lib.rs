@@ -54,8 +54,11 @@ pub mod key;
 pub mod metrics;
 pub mod origin;
 pub mod pipeline;
+pub mod reload;
 pub mod server;
+pub mod stages;
 pub mod watermark;
 
-pub use app::{App, AppError, Reloader, reload_on_sighup, shutdown_signal};
+pub use app::{App, AppError, reload_on_sighup, shutdown_signal};
 pub use config::Config;
+pub use reload::Reloader;

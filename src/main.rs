@@ -2,7 +2,7 @@
 //! hands over to the library. Config errors exit with status 2.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
             };
             let log = &compiled.config().log;
             init_tracing(cli.log_format.map_or(log.format, to_format), &log.level);
-            report(runtime().and_then(|rt| rt.block_on(serve(compiled))))
+            report(runtime().and_then(|rt| rt.block_on(serve(compiled, &config))))
         }
         Command::Filter { command } => match command {
             FilterCommand::Inspect { path } => report(cli::filter::inspect(&path)),
@@ -162,8 +162,8 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(compiled: Compiled) -> anyhow::Result<()> {
-    let app = App::build(compiled, Registry::new())
+async fn serve(compiled: Compiled, path: &Path) -> anyhow::Result<()> {
+    let app = App::build_from_file(compiled, path, Registry::new())
         .await
         .context("starting bloomgate")?;
     // Ends with the runtime, after `run` returns.

@@ -110,7 +110,7 @@ async fn keys_admitted_in_every_phase_of_a_rebuild_are_in_the_filter_it_swaps_in
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 2_000).await;
     let proxy = TestProxy::spawn_ready(&config(&db.url, "")).await;
-    let filter = Arc::clone(proxy.proxy.filter("products").expect("filter"));
+    let filter = proxy.proxy.filter("products").expect("filter");
     let mut phases = hold_builds(&filter);
 
     // Admitted before the rebuild begins; the source does not list them either.
@@ -223,7 +223,7 @@ async fn keys_admitted_before_the_first_filter_loads_are_in_it() {
         .await
         .expect("create the source");
     proxy.wait_ready(Duration::from_secs(60)).await;
-    let filter = Arc::clone(proxy.proxy.filter("products").expect("filter"));
+    let filter = proxy.proxy.filter("products").expect("filter");
     all_present(&proxy, &filter, "first load", &early).await;
 }
 
@@ -241,7 +241,7 @@ async fn a_not_found_read_before_an_admission_leaves_no_negative_entry() {
         .write_through("/api/products/json", "{ json = \"sku_id\" }", &[])
         .toml();
     let proxy = TestProxy::spawn_ready(&toml).await;
-    let filter = Arc::clone(proxy.proxy.filter("products").expect("filter"));
+    let filter = proxy.proxy.filter("products").expect("filter");
     // A key the filter lets through (one of its false positives) that the upstream lacks.
     let key = (0..10_000)
         .map(demo_absent_sku)

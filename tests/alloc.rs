@@ -87,7 +87,7 @@ async fn an_intercepted_request_allocates_only_its_response() {
         .await
         .expect("bind");
     let proxy = app.proxy();
-    proxy.routes()[0]
+    proxy.current().routes()[0]
         .filter
         .build_once(&db, RebuildReason::Startup)
         .await

@@ -253,7 +253,7 @@ async fn rebuild_interval_rebuilds_on_schedule_and_deleted_keys_leave() {
             .toml(),
     )
     .await;
-    let mut builds = watch_builds(proxy.proxy.filter("products").expect("filter"));
+    let mut builds = watch_builds(&proxy.proxy.filter("products").expect("filter"));
     let status = proxy.filter_status("products").await;
     assert_eq!(status["last_load"]["reason"], "startup", "{status}");
 

@@ -409,7 +409,8 @@ impl Fleet {
         };
         let recent: Vec<_> = lock(&m.recent).iter().cloned().collect();
         let live_items = m.filter.stats().map(|s| s.items);
-        if let Err(e) = generation::judge(&snap, &current, m.filter.config(), live_items, &recent) {
+        if let Err(e) = generation::judge(&snap, &current, &m.filter.config(), live_items, &recent)
+        {
             self.refuse(m, Some(&current), &e);
             return;
         }

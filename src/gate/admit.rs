@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
 use super::Filter;
@@ -50,8 +51,8 @@ pub enum Change {
 /// Admits keys into filters and keeps the response cache consistent with them.
 pub struct Admit {
     cache: Arc<ResponseCache>,
-    /// `(filter name, route id)` for every guarded route.
-    routes: Vec<(Arc<str>, u16)>,
+    /// `(filter name, route id)` for every guarded route of the configuration in force.
+    routes: ArcSwap<Vec<(Arc<str>, u32)>>,
     /// In fleet mode, where local changes go to be appended to the change stream.
     outbox: Option<mpsc::Sender<Change>>,
     /// Called with the number of changes the outbox had no room for.
@@ -60,10 +61,10 @@ pub struct Admit {
 
 impl Admit {
     /// `routes` names the filter of each guarded route, by route id.
-    pub fn new(cache: Arc<ResponseCache>, routes: Vec<(Arc<str>, u16)>) -> Admit {
+    pub fn new(cache: Arc<ResponseCache>, routes: Vec<(Arc<str>, u32)>) -> Admit {
         Admit {
             cache,
-            routes,
+            routes: ArcSwap::from_pointee(routes),
             outbox: None,
             on_dropped: None,
         }
@@ -99,12 +100,19 @@ impl Admit {
         }
     }
 
+    /// Replaces the routes, after a reload.
+    pub fn set_routes(&self, routes: Vec<(Arc<str>, u32)>) {
+        self.routes.store(Arc::new(routes));
+    }
+
     /// The route ids guarded by the filter `name` (every route when `None`).
-    fn routes_of<'a>(&'a self, name: Option<&'a str>) -> impl Iterator<Item = u16> + 'a {
+    fn routes_of(&self, name: Option<&str>) -> Vec<u32> {
         self.routes
+            .load()
             .iter()
-            .filter(move |(route_filter, _)| name.is_none_or(|n| &**route_filter == n))
+            .filter(|(route_filter, _)| name.is_none_or(|n| &**route_filter == n))
             .map(|(_, id)| *id)
+            .collect()
     }
 
     /// Admits `keys` into `filter`. For each key, in this order: the filter (the live one,

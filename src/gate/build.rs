@@ -47,22 +47,23 @@ impl Filter {
     /// (requests fail open meanwhile); then rebuilds on request, on schedule and when
     /// items outgrow capacity.
     pub async fn run_loader(self: Arc<Self>, db: Db) {
-        let warm = match self.config.snapshot_path.clone() {
+        let config = self.config();
+        let warm = match config.snapshot_path.clone() {
             Some(path) => self.load_snapshot(&path).await,
             None => false,
         };
-        if warm && self.config.sync.is_none() {
+        if warm && config.sync.is_none() {
             // Without sync nothing brings keys created since the snapshot was written:
             // rebuild now, while the snapshot serves.
             self.request_rebuild(RebuildReason::Startup);
         }
         if !warm {
-            let mut delay = self.config.load_retry_initial;
+            let mut delay = config.load_retry_initial;
             while let Err(e) = self.build_once(&db, RebuildReason::Startup).await {
                 tracing::warn!(filter = %self.name, error = %e, retry_in_ms = delay.as_millis() as u64,
                     "filter load failed; requests fail open until it succeeds");
                 tokio::time::sleep(jitter(delay)).await;
-                delay = (delay * 2).min(self.config.load_retry_max);
+                delay = (delay * 2).min(self.config().load_retry_max);
             }
         }
         self.rebuild_loop(db).await
@@ -83,14 +84,25 @@ impl Filter {
     /// Waits until a rebuild is due: asked for (by the admin API or a capacity
     /// crossing), or `rebuild_interval` after this call. Returns why.
     pub async fn next_rebuild(&self) -> RebuildReason {
-        match self.config.rebuild_interval {
-            Some(every) => tokio::select! {
-                _ = self.rebuild.notified() => *lock(&self.rebuild_reason),
-                _ = tokio::time::sleep(every) => RebuildReason::Scheduled,
-            },
-            None => {
-                self.rebuild.notified().await;
-                *lock(&self.rebuild_reason)
+        let mut config = self.watch_config();
+        loop {
+            // A reload may change the schedule: the wait starts over with the new one.
+            let every = config.borrow_and_update().rebuild_interval;
+            let scheduled = async {
+                match every {
+                    Some(every) => tokio::time::sleep(every).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.rebuild.notified() => return *lock(&self.rebuild_reason),
+                _ = scheduled => return RebuildReason::Scheduled,
+                changed = config.changed() => {
+                    if changed.is_err() {
+                        // The sender lives as long as `self`; this cannot happen.
+                        std::future::pending::<()>().await;
+                    }
+                }
             }
         }
     }
@@ -187,15 +199,16 @@ impl Filter {
             }
         };
         let p = snap.filter.params();
-        if let Err(why) = fits_config(p, &self.config) {
+        let config = self.config();
+        if let Err(why) = fits_config(p, &config) {
             tracing::warn!(filter = %self.name, path = %path.display(),
                 snapshot_capacity = p.expected_items, snapshot_rate = p.false_positive_rate,
-                config_capacity = self.config.expected_items, config_rate = self.config.false_positive_rate,
+                config_capacity = config.expected_items, config_rate = config.false_positive_rate,
                 mismatch = %why, "snapshot parameters do not match the config; building from the source instead");
             self.metrics.snapshot_load(false);
             return false;
         }
-        if self.config.sync.is_some() && snap.watermark.is_none() {
+        if config.sync.is_some() && snap.watermark.is_none() {
             tracing::warn!(filter = %self.name, path = %path.display(),
                 "snapshot has no sync watermark but sync is configured; building from the source instead");
             self.metrics.snapshot_load(false);
@@ -322,7 +335,7 @@ impl Filter {
                 tracing::warn!(filter = %self.name, error = %e, "cannot count the source; sizing from capacity");
             }
         }
-        let params = BloomParams::optimal(capacity, self.config.false_positive_rate)?;
+        let params = BloomParams::optimal(capacity, self.config().false_positive_rate)?;
         let seed = secret_seed()?;
         let filter = BloomFilter::new(params, seed);
         self.phase(BuildPhase::Scanning).await;
@@ -330,7 +343,7 @@ impl Filter {
         let rows = fill(
             db,
             &self.source_query,
-            &self.config.normalize,
+            &self.normalize,
             &filter,
             |_| {},
             |bytes| {
@@ -370,12 +383,13 @@ impl Filter {
     }
 
     async fn start_watermark(&self, db: &Db) -> Result<Option<Watermark>, LoadError> {
-        start_watermark(&self.config, db).await
+        start_watermark(&self.config(), db).await
     }
 
     /// Writes the live filter to `snapshot_path` (if configured), off the async threads.
     async fn write_snapshot(&self, watermark: Option<Watermark>) {
-        let (Some(path), Some(filter)) = (self.config.snapshot_path.clone(), self.live.load_full())
+        let (Some(path), Some(filter)) =
+            (self.config().snapshot_path.clone(), self.live.load_full())
         else {
             return;
         };

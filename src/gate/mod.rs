@@ -23,7 +23,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use serde::Serialize;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 pub use build::{LoadError, fill, fits_config, secret_seed, start_watermark};
 
@@ -110,6 +110,8 @@ pub enum RebuildReason {
     Capacity,
     /// The fleet's builder published a generation.
     Published,
+    /// A configuration reload changed the filter's sizing.
+    Reload,
 }
 
 impl RebuildReason {
@@ -121,6 +123,7 @@ impl RebuildReason {
             RebuildReason::Scheduled => "scheduled",
             RebuildReason::Capacity => "capacity",
             RebuildReason::Published => "published",
+            RebuildReason::Reload => "reload",
         }
     }
 }
@@ -149,7 +152,11 @@ pub type BuildHook = Arc<
 /// One named filter and its lifecycle.
 pub struct Filter {
     name: Arc<str>,
-    config: FilterConfig,
+    /// Replaced by [`Filter::reconfigure`]; its source (query, normalisation, watermark
+    /// kind) never changes: a filter with another source is another `Filter`.
+    /// Its receivers (the sync loop, the loader) wake when it changes.
+    config: watch::Sender<Arc<FilterConfig>>,
+    normalize: Normalize,
     source_query: Arc<str>,
     /// The filter that answers [`Filter::check`]; `None` until the first load completes.
     live: ArcSwapOption<Membership>,
@@ -188,7 +195,8 @@ impl Filter {
         Filter {
             name: Arc::from(name),
             target_capacity: AtomicU64::new(config.expected_items),
-            config,
+            normalize: config.normalize.clone(),
+            config: watch::Sender::new(Arc::new(config)),
             source_query,
             live: ArcSwapOption::empty(),
             admissions: Mutex::new(Admissions::default()),
@@ -212,12 +220,38 @@ impl Filter {
 
     /// The normalisation rule of this filter's keys.
     pub fn normalize_rule(&self) -> &Normalize {
-        &self.config.normalize
+        &self.normalize
     }
 
-    /// The filter's configuration.
-    pub fn config(&self) -> &FilterConfig {
-        &self.config
+    /// The filter's configuration, as last set.
+    pub fn config(&self) -> Arc<FilterConfig> {
+        Arc::clone(&self.config.borrow())
+    }
+
+    /// A receiver that sees each configuration [`Filter::reconfigure`] sets from now on.
+    pub fn watch_config(&self) -> watch::Receiver<Arc<FilterConfig>> {
+        self.config.subscribe()
+    }
+
+    /// Applies a reloaded configuration of the same source (see
+    /// [`Reconfigure::classify`]; another source needs another `Filter`). A new sizing
+    /// asks for a rebuild, which the current filter serves through; anything else
+    /// (sync, schedule, snapshot path, retries) takes effect without one.
+    pub fn reconfigure(&self, new: FilterConfig) -> Reconfigure {
+        let change = Reconfigure::classify(&self.config(), &new);
+        if change == Reconfigure::Unchanged {
+            return change;
+        }
+        let resized = change == Reconfigure::Resized;
+        if resized {
+            self.target_capacity
+                .store(new.expected_items, Ordering::Release);
+        }
+        self.config.send_replace(Arc::new(new));
+        if resized {
+            self.request_rebuild(RebuildReason::Reload);
+        }
+        change
     }
 
     /// The verdict for a key's canonical bytes. Lock-free; no allocation.
@@ -288,7 +322,7 @@ impl Filter {
     fn watch_capacity(&self) {
         let Some(stats) = self.stats() else { return };
         let ratio = stats.items as f64 / stats.capacity.max(1) as f64;
-        if ratio >= self.config.capacity_warn_ratio {
+        if ratio >= self.config.borrow().capacity_warn_ratio {
             if !self.capacity_warned.swap(true, Ordering::Relaxed) {
                 tracing::warn!(filter = %self.name, items = stats.items, capacity = stats.capacity,
                     ratio, "filter is filling up; it is rebuilt larger once items exceed capacity");
@@ -439,6 +473,44 @@ impl SyncPosition {
             self.mark = Some(to);
         }
         ahead
+    }
+}
+
+/// What a reloaded configuration changes for a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconfigure {
+    /// Nothing.
+    Unchanged,
+    /// Settings that need no rebuild: sync, schedule, snapshot path, retries, warnings.
+    Settings,
+    /// `expected_items` or `false_positive_rate`: rebuilt at the new size; the current
+    /// filter holds the same keys and serves until the swap.
+    Resized,
+    /// The source query, the key normalisation or the kind of sync watermark: the
+    /// current filter's keys may not be the new source's, so it cannot serve on.
+    NewSource,
+}
+
+impl Reconfigure {
+    /// Compares two configurations of a filter.
+    pub fn classify(old: &FilterConfig, new: &FilterConfig) -> Reconfigure {
+        let kind = |c: &FilterConfig| c.sync.as_ref().map(|s| s.watermark);
+        if old.source_query != new.source_query
+            || old.normalize != new.normalize
+            || kind(old) != kind(new)
+        {
+            return Reconfigure::NewSource;
+        }
+        if old.expected_items != new.expected_items
+            || old.false_positive_rate.to_bits() != new.false_positive_rate.to_bits()
+        {
+            return Reconfigure::Resized;
+        }
+        if serde_json::to_value(old).ok() == serde_json::to_value(new).ok() {
+            Reconfigure::Unchanged
+        } else {
+            Reconfigure::Settings
+        }
     }
 }
 

@@ -29,10 +29,30 @@ use crate::key::{KeyBytes, OwnedKey, normalize};
 use crate::watermark::Watermark;
 use seen::{MAX_REMEMBERED_ROWS, SeenRows};
 
-/// Runs the sync loop of `filter` until aborted; returns at once if it has no sync.
+/// Runs the sync loop of `filter` until aborted. A filter without sync waits for a
+/// reload that gives it one; a reload that changes its sync settings starts the loop
+/// over with them.
 pub async fn run(filter: Arc<Filter>, admit: Arc<Admit>, db: Db) {
-    let Some(sync) = filter.config().sync.clone() else {
-        return;
+    let mut config = filter.watch_config();
+    loop {
+        let sync = config.borrow_and_update().sync.clone();
+        tokio::select! {
+            () = poll_forever(&filter, &admit, &db, sync) => {}
+            changed = config.changed() => {
+                if changed.is_err() {
+                    // The filter holds the sender; it outlives this loop.
+                    return;
+                }
+                tracing::info!(filter = filter.name(), "sync settings reloaded");
+            }
+        }
+    }
+}
+
+/// Polls every `sync.interval` for ever; never resolves without sync.
+async fn poll_forever(filter: &Filter, admit: &Admit, db: &Db, sync: Option<SyncConfig>) {
+    let Some(sync) = sync else {
+        return std::future::pending().await;
     };
     let query: Arc<str> = Arc::from(sync.query.as_str());
     let mut ticker = tokio::time::interval(sync.interval);
@@ -49,7 +69,7 @@ pub async fn run(filter: Arc<Filter>, admit: Arc<Admit>, db: Db) {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
-        poll_once(&filter, &admit, &db, &sync, &query, mark, &mut seen).await;
+        poll_once(filter, admit, db, &sync, &query, mark, &mut seen).await;
         ticker.tick().await;
     }
 }
@@ -174,7 +194,8 @@ fn canonical(key: &OwnedKey) -> Cow<'_, [u8]> {
 
 /// Where the next poll of `filter` starts; `None` without sync or before the first build.
 pub fn next_start(filter: &Filter) -> Option<Watermark> {
-    let sync = filter.config().sync.as_ref()?;
+    let config = filter.config();
+    let sync = config.sync.as_ref()?;
     filter
         .watermark()
         .map(|mark| start_point(filter, mark, sync))

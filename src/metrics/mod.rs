@@ -6,6 +6,7 @@
 mod filter;
 mod fleet;
 mod origin;
+mod reload;
 mod route;
 
 use prometheus::core::Collector;
@@ -16,6 +17,7 @@ use prometheus::{
 pub use filter::{FilterFamilies, FilterMetrics};
 pub use fleet::FleetMetrics;
 pub use origin::{OriginFamilies, OriginMetrics};
+pub use reload::{ReloadMetrics, ReloadResult};
 pub use route::{RouteFamilies, RouteMetrics};
 
 /// Histogram buckets for request latency: from 50 µs (an intercepted request) to 10 s.
@@ -79,6 +81,8 @@ pub struct Metrics {
     pub filters: FilterFamilies,
     /// Origins (the database, the upstream).
     pub origins: OriginFamilies,
+    /// Configuration reloads.
+    pub reload: ReloadMetrics,
     cache_entries: IntGaugeVec,
     passthrough: IntCounterVec,
     write_through: IntCounterVec,
@@ -106,6 +110,7 @@ impl Metrics {
             routes: RouteFamilies::register(registry)?,
             filters: FilterFamilies::register(registry)?,
             origins: OriginFamilies::register(registry)?,
+            reload: ReloadMetrics::register(registry)?,
             cache_entries: family(
                 registry,
                 "bloomgate_cache_entries",

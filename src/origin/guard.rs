@@ -5,8 +5,8 @@
 //! on the hot path: intercepted keys and cache hits never get here.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -39,15 +39,17 @@ impl Refusal {
     }
 }
 
-/// The breaker and the concurrency bound of one origin.
+/// The breaker and the concurrency bound of one origin. Its settings change in place
+/// on a reload ([`OriginGuard::reconfigure`]); the breaker keeps its state.
 pub struct OriginGuard {
     name: &'static str,
-    breaker: Option<Mutex<Breaker>>,
-    slots: Semaphore,
-    max_in_flight: usize,
+    /// `None` with the breaker disabled.
+    breaker: Mutex<Option<Breaker>>,
+    slots: Arc<Semaphore>,
+    max_in_flight: AtomicUsize,
     queued: AtomicUsize,
-    max_queued: usize,
-    queue_timeout: Duration,
+    max_queued: AtomicUsize,
+    queue_timeout_us: AtomicU64,
     metrics: OriginMetrics,
 }
 
@@ -57,16 +59,56 @@ impl OriginGuard {
         metrics.set_state(BreakerState::Closed);
         OriginGuard {
             name,
-            breaker: limits
-                .breaker
-                .enabled
-                .then(|| Mutex::new(Breaker::new(limits.breaker.clone(), Instant::now()))),
-            slots: Semaphore::new(limits.max_in_flight),
-            max_in_flight: limits.max_in_flight,
+            breaker: Mutex::new(
+                limits
+                    .breaker
+                    .enabled
+                    .then(|| Breaker::new(limits.breaker.clone(), Instant::now())),
+            ),
+            slots: Arc::new(Semaphore::new(limits.max_in_flight)),
+            max_in_flight: AtomicUsize::new(limits.max_in_flight),
             queued: AtomicUsize::new(0),
-            max_queued: limits.max_queued,
-            queue_timeout: limits.queue_timeout,
+            max_queued: AtomicUsize::new(limits.max_queued),
+            queue_timeout_us: AtomicU64::new(micros(limits.queue_timeout)),
             metrics,
+        }
+    }
+
+    /// Applies reloaded limits. Calls in flight finish; a lower `max_in_flight` holds back
+    /// the slots they free until the new bound is met. The breaker keeps its state and
+    /// counts under the new thresholds; disabling it closes it, enabling it starts closed.
+    pub fn reconfigure(&self, limits: &OriginLimits) {
+        let new = limits.max_in_flight;
+        let old = self.max_in_flight.swap(new, Ordering::AcqRel);
+        if new > old {
+            self.slots.add_permits(new - old);
+        } else if new < old {
+            let excess = old - new;
+            let gone = self.slots.forget_permits(excess);
+            if let Ok(rest) = u32::try_from(excess - gone)
+                && rest > 0
+            {
+                // Taken as calls in flight return them.
+                let slots = Arc::clone(&self.slots);
+                tokio::spawn(async move {
+                    if let Ok(held) = slots.acquire_many_owned(rest).await {
+                        held.forget();
+                    }
+                });
+            }
+        }
+        self.max_queued.store(limits.max_queued, Ordering::Release);
+        self.queue_timeout_us
+            .store(micros(limits.queue_timeout), Ordering::Release);
+        let mut breaker = lock(&self.breaker);
+        match (breaker.as_mut(), limits.breaker.enabled) {
+            (Some(b), true) => b.settings = limits.breaker.clone(),
+            (None, true) => *breaker = Some(Breaker::new(limits.breaker.clone(), Instant::now())),
+            (Some(_), false) => {
+                *breaker = None;
+                self.metrics.set_state(BreakerState::Closed);
+            }
+            (None, false) => {}
         }
     }
 
@@ -101,10 +143,12 @@ impl OriginGuard {
     }
 
     fn admit(&self) -> Result<Option<Ticket>, OriginError> {
-        let Some(breaker) = &self.breaker else {
+        let Some((admitted, moved)) = lock(&self.breaker)
+            .as_mut()
+            .map(|b| b.admit(Instant::now()))
+        else {
             return Ok(None);
         };
-        let (admitted, moved) = lock(breaker).admit(Instant::now());
         if let Some(to) = moved {
             self.moved(to);
         }
@@ -132,12 +176,13 @@ impl OriginGuard {
                 refusal,
             }
         };
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.max_queued {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.max_queued.load(Ordering::Acquire) {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             return Err(refuse(Refusal::QueueFull));
         }
         self.metrics.queued(1);
-        let waited = tokio::time::timeout(self.queue_timeout, self.slots.acquire()).await;
+        let wait = Duration::from_micros(self.queue_timeout_us.load(Ordering::Acquire));
+        let waited = tokio::time::timeout(wait, self.slots.acquire()).await;
         self.queued.fetch_sub(1, Ordering::AcqRel);
         self.metrics.queued(-1);
         match waited {
@@ -148,8 +193,10 @@ impl OriginGuard {
     }
 
     fn record(&self, ticket: Ticket, ending: Ending) {
-        let Some(breaker) = &self.breaker else { return };
-        let moved = lock(breaker).record(ticket, ending, Instant::now());
+        // A ticket of a breaker since disabled (a reload) has nothing to record.
+        let moved = lock(&self.breaker)
+            .as_mut()
+            .and_then(|b| b.record(ticket, ending, Instant::now()));
         if let Some(to) = moved {
             self.moved(to);
         }
@@ -181,8 +228,9 @@ impl OriginGuard {
 
     /// The state for `/admin/origins`.
     pub fn status_json(&self) -> Value {
-        let breaker = self.breaker.as_ref().map(|b| {
-            let b = lock(b);
+        let max_in_flight = self.max_in_flight.load(Ordering::Acquire);
+        let breaker = lock(&self.breaker);
+        let breaker = breaker.as_ref().map(|b| {
             let now = Instant::now();
             let (calls, failures) = b.window_counts(now);
             json!({
@@ -204,11 +252,11 @@ impl OriginGuard {
         json!({
             "origin": self.name,
             "breaker": breaker,
-            "in_flight": self.max_in_flight - self.slots.available_permits(),
-            "max_in_flight": self.max_in_flight,
+            "in_flight": max_in_flight.saturating_sub(self.slots.available_permits()),
+            "max_in_flight": max_in_flight,
             "queued": self.queued.load(Ordering::Acquire),
-            "max_queued": self.max_queued,
-            "queue_timeout_ms": self.queue_timeout.as_millis() as u64,
+            "max_queued": self.max_queued.load(Ordering::Acquire),
+            "queue_timeout_ms": self.queue_timeout_us.load(Ordering::Acquire) / 1000,
         })
     }
 }
@@ -237,6 +285,10 @@ impl Drop for InFlight<'_> {
     }
 }
 
-fn lock(m: &Mutex<Breaker>) -> MutexGuard<'_, Breaker> {
+fn lock(m: &Mutex<Option<Breaker>>) -> MutexGuard<'_, Option<Breaker>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -18,6 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
@@ -43,8 +44,8 @@ use write_through::WriteThrough;
 
 /// One guarded route, compiled.
 pub struct GuardedRoute {
-    /// Index, part of cache keys.
-    pub id: u16,
+    /// Stable id of the route's name, part of cache keys (see `reload::RouteIds`).
+    pub id: u32,
     /// Name used in labels and logs.
     pub label: Arc<str>,
     /// Path pattern and key source.
@@ -96,13 +97,68 @@ pub struct EdgePolicy {
     /// The clients that see it under [`OutcomeHeaderPolicy::Trusted`].
     pub outcome_header_clients: Cidrs,
     /// The per-client false-positive budget, when configured.
-    pub budget: Option<Budget>,
+    pub budget: Option<Arc<Budget>>,
     /// The access log, when configured.
-    pub access_log: Option<AccessLog>,
+    pub access_log: Option<Arc<AccessLog>>,
 }
 
-/// The data-plane handler.
+/// The data-plane handler: the pipeline of the configuration in force, replaced whole by
+/// a reload. A request runs to its end on the pipeline it started on; the next one takes
+/// the new pipeline. Loading the current one takes no lock and, for requests that finish
+/// without waiting on an origin, no reference count.
 pub struct Proxy {
+    current: ArcSwap<Pipeline>,
+    /// Shared by every pipeline: entries outlive reloads (their keys name routes by
+    /// stable ids, see `config::RouteIds`).
+    cache: Arc<ResponseCache>,
+}
+
+impl Proxy {
+    /// Serves `pipeline` until [`Proxy::replace`].
+    pub fn new(pipeline: Pipeline) -> Proxy {
+        Proxy {
+            cache: Arc::clone(&pipeline.cache),
+            current: ArcSwap::from_pointee(pipeline),
+        }
+    }
+
+    /// Serves `next` from now on; returns the pipeline it replaces (requests in flight
+    /// finish on it).
+    pub fn replace(&self, next: Pipeline) -> Arc<Pipeline> {
+        self.current.swap(Arc::new(next))
+    }
+
+    /// The pipeline in force.
+    pub fn current(&self) -> Arc<Pipeline> {
+        self.current.load_full()
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+        let pipeline = self.current.load();
+        pipeline.handle(req, peer).await
+    }
+
+    /// See [`Pipeline::answer_guarded`].
+    pub async fn answer_guarded(&self, uri: &Uri) -> Option<Response<ProxyBody>> {
+        let pipeline = self.current.load();
+        pipeline.answer_guarded(uri).await
+    }
+
+    /// The filter called `name`, if a route of the current pipeline uses it.
+    pub fn filter(&self, name: &str) -> Option<Arc<Filter>> {
+        self.current.load().filter(name).cloned()
+    }
+
+    /// The response cache, for metrics and the admin plane.
+    pub fn cache(&self) -> &ResponseCache {
+        &self.cache
+    }
+}
+
+/// What a configuration makes of the data plane: its routes, upstream, write-through
+/// rules and edge policy.
+pub struct Pipeline {
     routes: Vec<GuardedRoute>,
     cache: Arc<ResponseCache>,
     upstream: Option<Arc<Upstream>>,
@@ -122,7 +178,7 @@ pub struct GuardedRequest<'r> {
     pub peer: IpAddr,
 }
 
-impl Proxy {
+impl Pipeline {
     /// Assembles the handler from its compiled parts.
     pub fn new(
         routes: Vec<GuardedRoute>,
@@ -132,8 +188,8 @@ impl Proxy {
         passthrough_metrics: PassthroughMetrics,
         write_through: Vec<WriteThrough>,
         edge: EdgePolicy,
-    ) -> Proxy {
-        Proxy {
+    ) -> Pipeline {
+        Pipeline {
             routes,
             cache,
             upstream,
@@ -157,7 +213,7 @@ impl Proxy {
         }
     }
 
-    /// [`Proxy::handle`], with a line in the access log.
+    /// [`Pipeline::handle`], with a line in the access log.
     async fn handle_logged(
         &self,
         log: &AccessLog,

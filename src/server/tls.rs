@@ -53,7 +53,8 @@ pub struct TlsSetupError(#[from] rustls::Error);
 pub struct Tls {
     acceptor: TlsAcceptor,
     slot: Arc<CertificateSlot>,
-    files: CertificateFiles,
+    /// Changed by [`Tls::install`] when a reload names other files.
+    files: std::sync::Mutex<CertificateFiles>,
     metrics: Option<ConnectionMetrics>,
 }
 
@@ -92,9 +93,22 @@ impl Tls {
         Ok(Tls {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             slot,
-            files,
+            files: std::sync::Mutex::new(files),
             metrics,
         })
+    }
+
+    /// Serves `loaded`, read from `files` by a configuration reload, to new handshakes,
+    /// and reads `files` on later reloads.
+    pub fn install(&self, files: CertificateFiles, loaded: LoadedCertificate) {
+        self.slot.0.store(Arc::clone(&loaded.key));
+        if let Some(m) = &self.metrics {
+            m.certificate_expires(loaded.not_after);
+            m.reloaded(true);
+        }
+        tracing::info!(cert_file = %files.cert_file.display(), not_after = loaded.not_after,
+            "TLS certificate reloaded");
+        *self.files.lock().unwrap_or_else(|p| p.into_inner()) = files;
     }
 
     /// The acceptor for new connections.
@@ -105,7 +119,8 @@ impl Tls {
     /// Reads the files again. On success new handshakes get the new certificate; on
     /// failure the current one stays. Either way it is logged and counted.
     pub fn reload(&self) -> Result<(), CertificateError> {
-        let result = self.files.load();
+        let files = self.files.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let result = files.load();
         match &result {
             Ok(loaded) => {
                 self.slot.0.store(Arc::clone(&loaded.key));
@@ -113,15 +128,15 @@ impl Tls {
                     m.certificate_expires(loaded.not_after);
                 }
                 tracing::info!(
-                    cert_file = %self.files.cert_file.display(),
+                    cert_file = %files.cert_file.display(),
                     not_after = loaded.not_after,
                     "TLS certificate reloaded"
                 );
             }
             Err(e) => {
                 tracing::error!(
-                    cert_file = %self.files.cert_file.display(),
-                    key_file = %self.files.key_file.display(),
+                    cert_file = %files.cert_file.display(),
+                    key_file = %files.key_file.display(),
                     error = %e,
                     "TLS certificate reload failed; the current certificate stays"
                 );
