@@ -131,6 +131,14 @@ impl Bloomgate {
         }
     }
 
+    /// Replaces the config file it was started with (written whole, then renamed over
+    /// the old one, as a deploy tool would), for a reload to read.
+    pub fn rewrite_config(&self, config: &str) {
+        let next = self.dir.join("config.toml.next");
+        std::fs::write(&next, config).expect("write the new config");
+        std::fs::rename(&next, self.dir.join("config.toml")).expect("replace the config");
+    }
+
     /// Log lines read so far that match `matches`.
     pub fn logged(&self, matches: impl Fn(&Value) -> bool) -> Vec<Value> {
         self.seen.iter().filter(|l| matches(l)).cloned().collect()
