@@ -248,6 +248,7 @@ const FLEET_METRICS: &str = "bloomgate_fleet_";
 /// The rules group of the fleet alerts.
 const FLEET_GROUP: &str = "bloomgate-fleet";
 const ORIGINS_GROUP: &str = "bloomgate-origins";
+const CONFIG_GROUP: &str = "bloomgate-config";
 
 /// What every TLS metric's name starts with; they exist only with `[server.tls]`.
 const TLS_METRICS: &str = "bloomgate_tls_";
@@ -350,6 +351,13 @@ fn the_fleet_alerts_fire_on_their_conditions_and_only_then() {
 #[test]
 fn the_origin_alerts_fire_on_their_conditions_and_only_then() {
     promtool_rule_tests("tests/rules/origins.yml", ORIGINS_GROUP, 1);
+}
+
+/// The reload alert needs a refused reload, which the Prometheus test below does not
+/// make: promtool's rule unit tests (tests/rules/config.yml) drive it.
+#[test]
+fn the_reload_alert_fires_on_its_condition_and_only_then() {
+    promtool_rule_tests("tests/rules/config.yml", CONFIG_GROUP, 1);
 }
 
 /// The TLS alert needs a certificate about to expire, which the Prometheus test below
