@@ -333,3 +333,132 @@ async fn a_filter_is_rebuilt_only_when_its_sizing_or_source_changes() {
     let held = format!("/api/products/{}", demo_sku(50));
     assert_eq!(get(&mut conn, &held).await.status.as_u16(), 200);
 }
+
+/// `/admin/fleet`'s entry of the `products` filter on the instance at `admin`.
+async fn fleet_member(admin: std::net::SocketAddr) -> Value {
+    let r = HttpClient::new()
+        .send(
+            Method::GET,
+            &format!("http://{admin}/admin/fleet"),
+            &[],
+            bytes::Bytes::new(),
+        )
+        .await;
+    r.json()["filters"][0].clone()
+}
+
+async fn post_reload(admin: std::net::SocketAddr) -> Reply {
+    HttpClient::new()
+        .send(
+            Method::POST,
+            &format!("http://{admin}/admin/reload"),
+            &[("authorization", "Bearer reload-token")],
+            bytes::Bytes::new(),
+        )
+        .await
+}
+
+/// Polls `check` on the fleet entry at `admin` every 20 ms for up to 60 s.
+async fn wait_member(
+    admin: std::net::SocketAddr,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = fleet_member(admin).await;
+        if check(&m) {
+            return m;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// In a fleet, a new size is the builder's to act on: a follower's reload records it and
+/// keeps the generation it serves; the builder's reload rebuilds and publishes at the new
+/// size, which the follower then loads. A new source is refused by reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_fleet_the_builder_acts_on_a_new_size_and_a_new_source_needs_a_restart() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), support::redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 300).await;
+    let redis = support::TestRedis::start(&redis_bin).await;
+    let fleet_config = |id: &str, items: u64, source: &str| {
+        let (id, source) = (id.to_owned(), source.to_owned());
+        let url = redis.url();
+        config(
+            &db,
+            TOKEN,
+            &[TestRoute::sql("products", "/api/products/{id}")],
+            move |c| {
+                c.expected_items(items)
+                    .source_query(&source)
+                    .sync_query(support::SYNC_QUERY)
+                    .sync("interval = \"200ms\"")
+                    .fleet(format!("redis_url = \"{url}\""))
+                    .fleet("namespace = \"reload\"")
+                    .fleet(format!("instance_id = \"{id}\""))
+                    .fleet("lease_ttl = \"2s\"")
+                    .fleet("lease_renew = \"500ms\"")
+                    .fleet("retry_interval = \"100ms\"")
+            },
+        )
+    };
+    let all = "SELECT sku_id FROM products";
+    let a = Bloomgate::serve(&fleet_config("a", 1_000, all), &[]).await;
+    let first = wait_member(a.admin, "a builds the first generation", |m| {
+        m["role"] == "builder" && m["serving"]["generation"].is_u64()
+    })
+    .await;
+    let b = Bloomgate::serve(&fleet_config("b", 1_000, all), &[]).await;
+    let generation = first["serving"]["generation"].as_u64().unwrap_or_default();
+    wait_member(b.admin, "b follows", |m| {
+        m["role"] == "follower" && m["serving"]["generation"] == generation
+    })
+    .await;
+
+    // A new source: refused on either instance, nothing changes.
+    b.rewrite_config(&fleet_config(
+        "b",
+        1_000,
+        &format!("{all} WHERE sku_id > 0"),
+    ));
+    let r = post_reload(b.admin).await;
+    assert_eq!(r.status.as_u16(), 409, "{}", r.text());
+    assert_eq!(
+        r.json()["fields"],
+        serde_json::json!(["filters.products (its source, in fleet mode)"])
+    );
+
+    // A new size, follower first: recorded, and the generation it serves stays.
+    b.rewrite_config(&fleet_config("b", 20_000, all));
+    let r = post_reload(b.admin).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let capacity = |admin| async move {
+        Scrape::of(&HttpClient::new(), admin)
+            .await
+            .value("bloomgate_filter_capacity{filter=\"products\"}")
+    };
+    let at_b = fleet_member(b.admin).await;
+    assert_eq!(at_b["serving"]["generation"], generation, "{at_b}");
+    assert_eq!(capacity(b.admin).await, 1_000.0);
+    let absent = format!("/api/products/{}", demo_absent_sku(7));
+    let mut conn = WireClient::new(Wire::Http1, b.data, None).connect().await;
+    assert_eq!(get(&mut conn, &absent).await.stage(), "intercepted");
+
+    // Then the builder: it rebuilds at the new size and publishes; b loads it.
+    a.rewrite_config(&fleet_config("a", 20_000, all));
+    let r = post_reload(a.admin).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let next = wait_member(b.admin, "b loads the new generation", |m| {
+        m["serving"]["generation"].as_u64() > Some(generation)
+    })
+    .await;
+    assert_eq!(capacity(b.admin).await, 20_000.0, "{next}");
+    assert_eq!(capacity(a.admin).await, 20_000.0);
+    assert_eq!(get(&mut conn, &absent).await.stage(), "intercepted");
+    let held = format!("/api/products/{}", demo_sku(42));
+    assert_eq!(get(&mut conn, &held).await.status.as_u16(), 200);
+}
