@@ -258,7 +258,7 @@ fn describe(change: Reconfigure) -> &'static str {
     match change {
         Reconfigure::Unchanged => "unchanged",
         Reconfigure::Settings => "settings changed, no rebuild",
-        Reconfigure::Resized => "resized; rebuilding while the current filter serves",
+        Reconfigure::Rebuild => "rebuilding while the current filter serves",
         Reconfigure::NewSource => "new source",
     }
 }

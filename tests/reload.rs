@@ -191,6 +191,58 @@ async fn sighup_applies_a_new_file_on_open_connections_and_a_bad_file_changes_no
     assert!(!conn.closed.is_finished());
 }
 
+/// A request that is waiting on its origin when the reload lands finishes as the file it
+/// started under says; the next request on the same connection follows the new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_during_a_reload_finishes_under_the_file_it_started_with() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 100).await;
+    let stub = support::StubUpstream::start((0..100).map(demo_sku)).await;
+    let file = |mode: &str| {
+        let mode = mode.to_owned();
+        let url = stub.url();
+        config(
+            &db,
+            TOKEN,
+            &[TestRoute::upstream("items", "/api/products/{id}").mode(&mode)],
+            move |c| c.upstream(&url),
+        )
+    };
+    let mut bin = Bloomgate::serve(&file("shadow"), &[]).await;
+    bin.wait_for_log("the filter load", Duration::from_secs(60), |l| {
+        message(l) == "filter loaded"
+    })
+    .await;
+    let mut conn = WireClient::new(Wire::Http1, bin.data, None).connect().await;
+    // In shadow mode an absent key still goes to the upstream: hold its answer there.
+    let (decided, release) = stub.hold_next_not_found();
+    let held = format!("/api/products/{}", demo_absent_sku(3));
+    let in_flight = tokio::spawn(async move {
+        let r = get(&mut conn, &held).await;
+        (conn, r)
+    });
+    tokio::time::timeout(Duration::from_secs(30), decided)
+        .await
+        .expect("the upstream has the request within 30 s")
+        .expect("the upstream decided");
+
+    bin.rewrite_config(&file("enforce"));
+    sighup(&mut bin, APPLIED, 1).await;
+    release.send(()).expect("release the answer");
+    let (mut conn, r) = in_flight.await.expect("the request task");
+    assert_eq!(r.status.as_u16(), 404, "{}", r.text());
+    let s = scrape(&bin).await;
+    assert_eq!(
+        s.value("bloomgate_requests_total{outcome=\"would_intercept\",route=\"items\"}"),
+        1.0,
+        "counted as the shadow route it started on"
+    );
+    // The same connection, the new file: refused at the gate.
+    let next = format!("/api/products/{}", demo_absent_sku(4));
+    assert_eq!(get(&mut conn, &next).await.stage(), "intercepted");
+    assert_eq!(stub.hits(), 1, "only the held request reached the upstream");
+}
+
 /// Two routes over the same keys with different answers. With entries keyed by position,
 /// swapping them in the file would serve each one's answers for the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,6 +287,19 @@ async fn cached_answers_follow_their_route_by_name_wherever_it_is_written() {
     assert_eq!(r.stage(), "miss");
     assert!(r.text().contains("from a, again"), "{}", r.text());
     assert_eq!(get(&mut conn, &format!("/b/{key}")).await.stage(), "hit");
+}
+
+/// Scrapes until the `products` filter has had `n` successful sync polls; fails after 30 s.
+async fn wait_for_polls(bin: &Bloomgate, n: f64) {
+    let polls = "bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while scrape(bin).await.get(polls).unwrap_or(0.0) < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fewer than {n} sync polls"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Scrapes until the `products` filter has had `n` successful builds; fails after 60 s.
@@ -303,12 +368,43 @@ async fn a_filter_is_rebuilt_only_when_its_sizing_or_source_changes() {
     assert!(!r["changes"].to_string().contains("filter"), "{r}");
     assert_eq!(loads(&scrape(&bin).await), 1.0);
 
-    // A new size: rebuilt at it, while the filter in force goes on refusing.
-    bin.rewrite_config(&base("5m", 50_000, all));
+    // Sync switched on: a build records where it starts (the filter in force serves
+    // meanwhile), then it polls.
+    let synced = |interval: &str| {
+        base("5m", 1_000, all).replace(
+            "[[routes]]",
+            &format!(
+                "[filters.products.sync]\nquery = \"{}\"\ninterval = \"{interval}\"\n[[routes]]",
+                support::SYNC_QUERY
+            ),
+        )
+    };
+    bin.rewrite_config(&synced("100ms"));
     let r = reload(&bin).await;
-    assert!(r["changes"].to_string().contains("resized"), "{r}");
+    assert!(r["changes"].to_string().contains("rebuilding"), "{r}");
     assert_eq!(get(&mut conn, &absent).await.stage(), "intercepted");
-    let s = wait_for_loads(&bin, 2.0).await;
+    wait_for_loads(&bin, 2.0).await;
+    wait_for_polls(&bin, 2.0).await;
+    // Another interval: the sync loop starts over with it, and nothing is rebuilt.
+    bin.rewrite_config(&synced("50ms"));
+    let r = reload(&bin).await;
+    assert!(r["changes"].to_string().contains("no rebuild"), "{r}");
+    bin.wait_for_log("the sync restart", Duration::from_secs(30), |l| {
+        message(l) == "sync settings reloaded"
+    })
+    .await;
+    let so_far = scrape(&bin)
+        .await
+        .value("bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}");
+    wait_for_polls(&bin, so_far + 2.0).await;
+    assert_eq!(loads(&scrape(&bin).await), 2.0);
+
+    // A new size: rebuilt at it, while the filter in force goes on refusing.
+    bin.rewrite_config(&synced("50ms").replace("expected_items = 1000", "expected_items = 50000"));
+    let r = reload(&bin).await;
+    assert!(r["changes"].to_string().contains("rebuilding"), "{r}");
+    assert_eq!(get(&mut conn, &absent).await.stage(), "intercepted");
+    let s = wait_for_loads(&bin, 3.0).await;
     assert_eq!(
         s.value("bloomgate_filter_capacity{filter=\"products\"}"),
         50_000.0
@@ -320,14 +416,7 @@ async fn a_filter_is_rebuilt_only_when_its_sizing_or_source_changes() {
     bin.rewrite_config(&base("5m", 50_000, &some));
     let r = reload(&bin).await;
     assert!(r["changes"].to_string().contains("new source"), "{r}");
-    bin.wait_for_logs(
-        "the build of the new source",
-        3,
-        Duration::from_secs(60),
-        |l| message(l) == "filter loaded",
-    )
-    .await;
-    assert_eq!(loads(&scrape(&bin).await), 3.0);
+    wait_for_loads(&bin, 4.0).await;
     let left_out = format!("/api/products/{}", demo_sku(250));
     assert_eq!(get(&mut conn, &left_out).await.stage(), "intercepted");
     let held = format!("/api/products/{}", demo_sku(50));

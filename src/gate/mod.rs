@@ -234,21 +234,22 @@ impl Filter {
     }
 
     /// Applies a reloaded configuration of the same source (see
-    /// [`Reconfigure::classify`]; another source needs another `Filter`). A new sizing
-    /// asks for a rebuild, which the current filter serves through; anything else
-    /// (sync, schedule, snapshot path, retries) takes effect without one.
+    /// [`Reconfigure::classify`]; another source needs another `Filter`). A new sizing,
+    /// or sync switched on, asks for a rebuild, which the current filter serves through;
+    /// anything else (sync settings, schedule, snapshot path, retries) takes effect
+    /// without one.
     pub fn reconfigure(&self, new: FilterConfig) -> Reconfigure {
         let change = Reconfigure::classify(&self.config(), &new);
         if change == Reconfigure::Unchanged {
             return change;
         }
-        let resized = change == Reconfigure::Resized;
-        if resized {
+        let rebuild = change == Reconfigure::Rebuild;
+        if rebuild {
             self.target_capacity
                 .store(new.expected_items, Ordering::Release);
         }
         self.config.send_replace(Arc::new(new));
-        if resized {
+        if rebuild {
             self.request_rebuild(RebuildReason::Reload);
         }
         change
@@ -483,11 +484,13 @@ pub enum Reconfigure {
     Unchanged,
     /// Settings that need no rebuild: sync, schedule, snapshot path, retries, warnings.
     Settings,
-    /// `expected_items` or `false_positive_rate`: rebuilt at the new size; the current
-    /// filter holds the same keys and serves until the swap.
-    Resized,
+    /// `expected_items` or `false_positive_rate` (rebuilt at the new size), or sync
+    /// switched on (a build records where sync starts): the current filter holds the
+    /// same keys and serves until the swap.
+    Rebuild,
     /// The source query, the key normalisation or the kind of sync watermark: the
-    /// current filter's keys may not be the new source's, so it cannot serve on.
+    /// current filter's keys (or its sync position) may not be the new source's, so it
+    /// cannot serve on.
     NewSource,
 }
 
@@ -495,16 +498,15 @@ impl Reconfigure {
     /// Compares two configurations of a filter.
     pub fn classify(old: &FilterConfig, new: &FilterConfig) -> Reconfigure {
         let kind = |c: &FilterConfig| c.sync.as_ref().map(|s| s.watermark);
-        if old.source_query != new.source_query
-            || old.normalize != new.normalize
-            || kind(old) != kind(new)
-        {
+        let kinds_differ = matches!((kind(old), kind(new)), (Some(a), Some(b)) if a != b);
+        if old.source_query != new.source_query || old.normalize != new.normalize || kinds_differ {
             return Reconfigure::NewSource;
         }
         if old.expected_items != new.expected_items
             || old.false_positive_rate.to_bits() != new.false_positive_rate.to_bits()
+            || (old.sync.is_none() && new.sync.is_some())
         {
-            return Reconfigure::Resized;
+            return Reconfigure::Rebuild;
         }
         if serde_json::to_value(old).ok() == serde_json::to_value(new).ok() {
             Reconfigure::Unchanged
