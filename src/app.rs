@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 
 use crate::access_log::AccessLog;
 use crate::admin::Admin;
+use crate::audit::{Audit, Auditor};
 use crate::cache::ResponseCache;
 use crate::config::{Compiled, CompiledOrigin, Config, ConfigError};
 use crate::db::{Db, PoolSettings};
@@ -94,6 +95,8 @@ pub struct App {
     /// TLS of the data plane, whose certificate [`Reloader::reload`] swaps.
     tls: Option<Arc<Tls>>,
     connections: ConnectionMetrics,
+    /// The background audit of refused keys, started by [`App::run`].
+    auditor: Option<Auditor>,
 }
 
 /// What can be reloaded in a running bloomgate without dropping connections: today the
@@ -291,6 +294,12 @@ impl App {
                 .map(|r| (Arc::from(r.filter.name()), r.id))
                 .collect(),
         );
+        let labels = routes.iter().map(|r| &*r.label);
+        let audit = Audit::new(&config.audit, labels, config.fleet.is_some(), &registry)?;
+        if let Some(audit) = &audit {
+            admit = admit.with_watcher(audit.ledger.clone());
+        }
+        let (sampler, auditor) = audit.map(|a| (a.sampler, a.auditor)).unzip();
         let mut fleet_parts = None;
         if let Some(fleet) = &config.fleet {
             let fleet_metrics = FleetMetrics::register(&registry)?;
@@ -344,15 +353,18 @@ impl App {
             access_log,
         };
 
-        let proxy = Arc::new(Proxy::new(
-            routes,
-            cache,
-            upstream,
-            config.server.max_body_bytes,
-            metrics.passthrough(),
-            write_through,
-            edge,
-        ));
+        let proxy = Arc::new(
+            Proxy::new(
+                routes,
+                cache,
+                upstream,
+                config.server.max_body_bytes,
+                metrics.passthrough(),
+                write_through,
+                edge,
+            )
+            .with_audit(sampler),
+        );
         let by_name: BTreeMap<String, Arc<Filter>> = filters
             .iter()
             .map(|f| (f.name().to_owned(), Arc::clone(f)))
@@ -381,6 +393,7 @@ impl App {
             fleet,
             tls,
             connections,
+            auditor,
         })
     }
 
@@ -411,7 +424,7 @@ impl App {
     /// resolves; then stops accepting and drains in-flight requests within the grace period.
     /// The tasks it starts belong to it: if this future is dropped before it finishes
     /// (aborted), the loaders and sync pollers stop and the listeners close with it.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         let (stop_tx, stop_rx) = watch::channel(false);
         let server = &self.config.server;
         let options = ServeOptions {
@@ -443,6 +456,9 @@ impl App {
                     db.clone(),
                 ));
             }
+        }
+        if let Some(auditor) = self.auditor.take() {
+            loaders.spawn(auditor.run(Arc::clone(&self.admit)));
         }
         tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),
             tls = self.tls.is_some(), http2 = options.http2,
