@@ -159,13 +159,16 @@ impl Admit {
         loaded
     }
 
-    /// Applies a change another instance made (read from the change stream) to
-    /// `filter`, sending nothing on.
-    pub async fn apply(&self, filter: &Filter, change: &Change) {
+    /// Applies a change read from the change stream to `filter`, sending nothing on.
+    /// `ours`: this instance wrote it, applied it already and told the watcher then
+    /// (or made it unwatched), so the watcher is not told again.
+    pub async fn apply(&self, filter: &Filter, change: &Change, ours: bool) {
         match change {
             Change::Admit { keys, forget, .. } => {
                 self.admit_here(filter, keys, *forget).await;
-                self.tell_watcher(filter, keys);
+                if !ours {
+                    self.tell_watcher(filter, keys);
+                }
             }
             Change::Invalidate { keys, .. } => {
                 for key in keys {
