@@ -353,18 +353,16 @@ impl App {
             access_log,
         };
 
-        let proxy = Arc::new(
-            Proxy::new(
-                routes,
-                cache,
-                upstream,
-                config.server.max_body_bytes,
-                metrics.passthrough(),
-                write_through,
-                edge,
-            )
-            .with_audit(sampler),
+        let proxy = Proxy::new(
+            routes,
+            cache,
+            upstream,
+            config.server.max_body_bytes,
+            metrics.passthrough(),
+            write_through,
+            edge,
         );
+        let proxy = Arc::new(proxy.with_audit(sampler));
         let by_name: BTreeMap<String, Arc<Filter>> = filters
             .iter()
             .map(|f| (f.name().to_owned(), Arc::clone(f)))
