@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::admin::Admin;
+use crate::audit::{Audit, Auditor};
 use crate::cache::ResponseCache;
 use crate::config::{Compiled, Config, ConfigError};
 use crate::db::{Db, PoolSettings};
@@ -85,6 +86,9 @@ pub struct App {
     /// TLS of the data plane.
     tls: Option<Arc<Tls>>,
     connections: ConnectionMetrics,
+    /// The background audit of refused keys, started by [`App::run`], and the admission
+    /// path it heals through.
+    auditor: Option<(Auditor, Arc<Admit>)>,
 }
 
 struct DataPlane(Arc<Proxy>);
@@ -164,6 +168,12 @@ impl App {
         let has_variants = compiled.routes().iter().any(|r| r.has_variants());
         let cache = Arc::new(ResponseCache::new(&config.cache, has_variants));
         let mut admit = Admit::new(Arc::clone(&cache), Vec::new());
+        let labels = compiled.routes().iter().map(|r| &*r.label);
+        let audit = Audit::new(&config.audit, labels, config.fleet.is_some(), &registry)?;
+        if let Some(audit) = &audit {
+            admit = admit.with_watcher(audit.ledger.clone());
+        }
+        let (sampler, auditor) = audit.map(|a| (a.sampler, a.auditor)).unzip();
         let mut fleet_parts = None;
         if let Some(fleet) = &config.fleet {
             let fleet_metrics = FleetMetrics::register(&registry)?;
@@ -193,6 +203,7 @@ impl App {
             tls: tls.clone(),
             budget,
             access_log: None,
+            audit: sampler.map(Arc::new),
         };
         stages.set_origins(compiled.config(), compiled.upstream());
         for f in compiled.filters() {
@@ -228,6 +239,7 @@ impl App {
         );
         let reloader = Reloader::new(path, stages, config.clone(), Arc::clone(&proxy));
         let (registry, metrics, admit, fleet) = admin_parts;
+        let audit_admit = Arc::clone(&admit);
         let admin_handler = Arc::new(Admin {
             reloader: reloader.clone(),
             proxy: Arc::clone(&proxy),
@@ -247,6 +259,7 @@ impl App {
             reloader,
             tls,
             connections,
+            auditor: auditor.map(|a| (a, audit_admit)),
         })
     }
 
@@ -274,7 +287,7 @@ impl App {
     /// resolves; then stops accepting and drains in-flight requests within the grace period.
     /// The tasks it starts belong to it: if this future is dropped before it finishes
     /// (aborted), the loaders and sync pollers stop and the listeners close with it.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         let (stop_tx, stop_rx) = watch::channel(false);
         let server = &self.config.server;
         let options = ServeOptions {
@@ -302,6 +315,9 @@ impl App {
             loaders.spawn(Arc::clone(fleet).run());
         } else {
             self.reloader.start_filter_tasks().await;
+        }
+        if let Some((auditor, admit)) = self.auditor.take() {
+            loaders.spawn(auditor.run(admit));
         }
         tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),
             tls = self.tls.is_some(), http2 = options.http2,

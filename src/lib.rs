@@ -26,6 +26,9 @@
 //!   (incremental sync, the id gaps it reads again, and the rows it has read, to tell
 //!   a changed row from one read again) and `gate::admit`, the one path by
 //!   which a key becomes present.
+//! - [`audit`]: the gate audits itself: a sample of refused keys asked of their origin
+//!   in the background, found keys admitted at once and judged once sync has covered
+//!   their refusal.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
 //! - [`metrics`]: the Prometheus families, by concern, on a registry passed in.
 //! - [`config`]: the TOML config, environment overrides, validation, and its compiled
@@ -44,6 +47,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod app;
+pub mod audit;
 pub mod cache;
 pub mod config;
 pub mod db;

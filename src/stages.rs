@@ -11,6 +11,7 @@ use std::sync::Arc;
 use prometheus::Registry;
 
 use crate::access_log::AccessLog;
+use crate::audit::Sampler;
 use crate::cache::ResponseCache;
 use crate::config::{
     AccessLogConfig, Compiled, CompiledFilter, CompiledOrigin, CompiledUpstream, Config,
@@ -86,6 +87,8 @@ pub struct Stages {
     pub budget: Option<Arc<Budget>>,
     /// The access log and the settings it was opened with.
     pub access_log: Option<(AccessLogConfig, Arc<AccessLog>)>,
+    /// The audit's sampler of refused keys, when the audit is on.
+    pub audit: Option<Arc<Sampler>>,
 }
 
 impl Stages {
@@ -294,7 +297,8 @@ impl Stages {
             self.metrics.passthrough(),
             write_through,
             edge,
-        );
+        )
+        .with_audit(self.audit.clone());
         Ok((pipeline, config))
     }
 }

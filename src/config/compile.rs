@@ -275,6 +275,7 @@ impl Config {
         }
         self.check_budget(&mut p);
         self.check_fleet(&mut p);
+        self.audit.check(&mut p);
         // Every part that failed to compile left a problem, so with none, all are here.
         p.into_result()?;
         Ok(Compiled {

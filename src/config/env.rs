@@ -268,6 +268,20 @@ mod tests {
     }
 
     #[test]
+    fn audit_variables_override_the_defaults() {
+        let c = load(&[
+            ("BLOOMGATE__AUDIT__RATE", "0.25"),
+            ("BLOOMGATE__AUDIT__MAX_PER_SECOND", "50"),
+        ])
+        .expect("valid overrides");
+        assert_eq!((c.audit.rate, c.audit.max_per_second), (0.25, 50));
+        assert!(c.audit.enabled);
+        let c = load(&[("BLOOMGATE__AUDIT__ENABLED", "false")]).expect("valid override");
+        assert!(!c.audit.enabled);
+        assert_eq!(c.audit.rate, 0.001, "the others keep their defaults");
+    }
+
+    #[test]
     fn other_variables_are_ignored() {
         let c = load(&[
             ("BLOOMGATEX__ADMIN__TOKEN", "12345678"),

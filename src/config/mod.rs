@@ -3,6 +3,7 @@
 //! (`validate`), and the runtime forms the app wires, computed once (`compile`). It
 //! reads, checks and compiles; it does not open sockets or databases.
 
+mod audit;
 mod compile;
 mod env;
 mod model;
@@ -14,6 +15,7 @@ use std::path::Path;
 use figment::Figment;
 use figment::providers::{Format, Toml};
 
+pub use audit::AuditConfig;
 pub use compile::CompiledTls;
 pub use compile::{
     Compiled, CompiledFilter, CompiledOrigin, CompiledRoute, CompiledUpstream, CompiledWriteThrough,

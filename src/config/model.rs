@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::audit::AuditConfig;
 use super::origins::{BreakerConfig, OriginLimits};
 
 /// The whole configuration.
@@ -51,6 +52,10 @@ pub struct Config {
     /// Redis. Off when absent: each instance builds and syncs on its own.
     #[serde(default)]
     pub fleet: Option<FleetConfig>,
+    /// The gate's self-audit: a sample of refused keys checked against their origin.
+    /// On by default, at a small rate.
+    #[serde(default)]
+    pub audit: AuditConfig,
 }
 
 /// Fleet mode: instances that share their filters through Redis.

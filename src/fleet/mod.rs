@@ -248,11 +248,12 @@ impl Fleet {
     /// Applies one stream entry read at `at`.
     async fn apply_entry(&self, at: StreamPos, fields: &Fields) {
         match self.decode(fields) {
-            Ok((Entry::Change(change), _src)) => {
+            Ok((Entry::Change(change), src)) => {
                 let Some(member) = self.members.get(change.filter()) else {
                     return;
                 };
-                self.admit.apply(&member.filter, &change).await;
+                let ours = src.as_deref() == Some(&*self.instance);
+                self.admit.apply(&member.filter, &change, ours).await;
                 if let Change::Admit { keys, .. } = &change {
                     let mut recent = lock(&member.recent);
                     for k in keys.iter().rev().take(RECENT_KEYS).rev() {

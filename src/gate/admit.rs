@@ -3,7 +3,8 @@
 //! live filter or drops a key's cache entries because it now exists. In fleet mode each
 //! local admission and invalidation is also handed to the fleet's outbox, which appends
 //! it to the change stream; what other instances appended comes back through
-//! [`Admit::apply`], which applies it here and sends nothing on.
+//! [`Admit::apply`], which applies it here and sends nothing on. An
+//! [`AdmissionWatcher`] (the audit's ledger) is told of every admission but its own.
 
 use std::sync::Arc;
 
@@ -48,6 +49,14 @@ pub enum Change {
     },
 }
 
+/// Told of the keys each admission brings in, local or from the fleet's stream, except
+/// the ones it made itself through [`Admit::admit_unwatched`]. Called on every
+/// admission: an implementation that watches nothing must return at once.
+pub trait AdmissionWatcher: Send + Sync {
+    /// `keys` are present in the filter `filter` now.
+    fn admitted(&self, filter: &str, keys: &[OwnedKey]);
+}
+
 /// Admits keys into filters and keeps the response cache consistent with them.
 pub struct Admit {
     cache: Arc<ResponseCache>,
@@ -57,6 +66,8 @@ pub struct Admit {
     outbox: Option<mpsc::Sender<Change>>,
     /// Called with the number of changes the outbox had no room for.
     on_dropped: Option<Box<dyn Fn(u64) + Send + Sync>>,
+    /// Told of every admission but its own.
+    watcher: Option<Arc<dyn AdmissionWatcher>>,
 }
 
 impl Admit {
@@ -67,7 +78,14 @@ impl Admit {
             routes: ArcSwap::from_pointee(routes),
             outbox: None,
             on_dropped: None,
+            watcher: None,
         }
+    }
+
+    /// Tells `watcher` of every admission from now on, but those it makes itself.
+    pub fn with_watcher(mut self, watcher: Arc<dyn AdmissionWatcher>) -> Admit {
+        self.watcher = Some(watcher);
+        self
     }
 
     /// Hands every local change to `outbox` from now on (fleet mode); `on_dropped` is
@@ -121,6 +139,19 @@ impl Admit {
     /// outlives the admission (see [`Filter::fence`]). Returns how many keys went into a
     /// loaded filter; the others are added when the first load is.
     pub async fn admit(&self, filter: &Filter, keys: &[OwnedKey], forget: Forget) -> usize {
+        let loaded = self.admit_unwatched(filter, keys, forget).await;
+        self.tell_watcher(filter, keys);
+        loaded
+    }
+
+    /// As [`Admit::admit`] (the fleet hears of it too), without telling the watcher: for
+    /// the watcher's own admissions, which are no news to it.
+    pub async fn admit_unwatched(
+        &self,
+        filter: &Filter,
+        keys: &[OwnedKey],
+        forget: Forget,
+    ) -> usize {
         let loaded = self.admit_here(filter, keys, forget).await;
         if !keys.is_empty() {
             let name: Arc<str> = Arc::from(filter.name());
@@ -136,18 +167,30 @@ impl Admit {
         loaded
     }
 
-    /// Applies a change another instance made (read from the change stream) to
-    /// `filter`, sending nothing on.
-    pub async fn apply(&self, filter: &Filter, change: &Change) {
+    /// Applies a change read from the change stream to `filter`, sending nothing on.
+    /// `ours`: this instance wrote it, applied it already and told the watcher then
+    /// (or made it unwatched), so the watcher is not told again.
+    pub async fn apply(&self, filter: &Filter, change: &Change, ours: bool) {
         match change {
             Change::Admit { keys, forget, .. } => {
                 self.admit_here(filter, keys, *forget).await;
+                if !ours {
+                    self.tell_watcher(filter, keys);
+                }
             }
             Change::Invalidate { keys, .. } => {
                 for key in keys {
                     self.invalidate_here(Some(filter.name()), key).await;
                 }
             }
+        }
+    }
+
+    fn tell_watcher(&self, filter: &Filter, keys: &[OwnedKey]) {
+        if let Some(watcher) = &self.watcher
+            && !keys.is_empty()
+        {
+            watcher.admitted(filter.name(), keys);
         }
     }
 

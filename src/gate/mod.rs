@@ -308,9 +308,30 @@ impl Filter {
         }
     }
 
+    /// Where `key`'s fence stripe stands now, kept by value: [`Filter::admitted_since`]
+    /// tells later whether a key of that stripe was admitted in between.
+    pub fn admission_mark(&self, key: &NormKey<'_>) -> AdmissionMark {
+        let mut bytes = KeyBytes::new();
+        let stripe = self.stripe_index(bytes.of(key));
+        AdmissionMark {
+            stripe,
+            seen: self.stripes[stripe].load(Ordering::SeqCst),
+        }
+    }
+
+    /// True if a key of `mark`'s stripe (taken on this filter) was admitted since.
+    pub fn admitted_since(&self, mark: &AdmissionMark) -> bool {
+        self.stripes
+            .get(mark.stripe)
+            .is_some_and(|c| c.load(Ordering::SeqCst) != mark.seen)
+    }
+
     fn stripe(&self, bytes: &[u8]) -> &AtomicU64 {
-        let i = self.stripe_hasher.hash_one(bytes) as usize & (FENCE_STRIPES - 1);
-        &self.stripes[i]
+        &self.stripes[self.stripe_index(bytes)]
+    }
+
+    fn stripe_index(&self, bytes: &[u8]) -> usize {
+        self.stripe_hasher.hash_one(bytes) as usize & (FENCE_STRIPES - 1)
     }
 
     /// How many admitted keys no build has confirmed yet.
@@ -390,6 +411,19 @@ impl Filter {
         }
     }
 
+    /// Records a successful sync poll whose query was sent at `started`, once its rows
+    /// are admitted: what sync can see of rows committed before then is in the filter.
+    pub fn record_sync_poll(&self, started: Instant) {
+        let mut p = lock(&self.watermark);
+        p.synced_from = p.synced_from.max(Some(started));
+    }
+
+    /// Whether a sync poll on this instance that started at or after `at` has succeeded.
+    /// (The watermark cannot tell: it moves only when rows change.)
+    pub fn synced_since(&self, at: Instant) -> bool {
+        lock(&self.watermark).synced_from.is_some_and(|s| s >= at)
+    }
+
     /// Open gap ranges, for `/admin/filters`; `None` unless sync uses integer watermarks.
     pub fn sync_open_gaps(&self) -> Option<usize> {
         let p = lock(&self.watermark);
@@ -456,6 +490,8 @@ struct SyncPosition {
     mark: Option<Watermark>,
     /// Ids below `mark` that no poll has read yet (integer watermarks only).
     gaps: Gaps,
+    /// When the latest successful poll on this instance started.
+    synced_from: Option<Instant>,
 }
 
 impl SyncPosition {
@@ -464,7 +500,11 @@ impl SyncPosition {
             Some(s) => Gaps::new(s.gap_timeout, s.overlap_ids, MAX_OPEN_RANGES),
             None => Gaps::new(std::time::Duration::ZERO, 0, MAX_OPEN_RANGES),
         };
-        SyncPosition { mark: None, gaps }
+        SyncPosition {
+            mark: None,
+            gaps,
+            synced_from: None,
+        }
     }
 
     /// Moves the mark forward; true if it moved.
@@ -532,6 +572,13 @@ impl Fence<'_> {
     pub fn holds(&self) -> bool {
         self.cell.load(Ordering::SeqCst) == self.seen
     }
+}
+
+/// A key's fence stripe at one moment, by value; see [`Filter::admission_mark`].
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionMark {
+    stripe: usize,
+    seen: u64,
 }
 
 /// Keys admitted since start-up that no completed build has read from its source, as

@@ -116,6 +116,7 @@ pub async fn poll_once(
             // Only once the whole poll has been read: a poll that fails half-way must not
             // leave its rows remembered, or the next one would take them for known.
             let changed = admit_rows(filter, admit, seen, since, added, &marks).await;
+            filter.record_sync_poll(started);
             match mark {
                 // The gaps and the watermark move together, under one lock.
                 Watermark::Int(prev) => record_gaps(filter, prev, &mut ids, started),

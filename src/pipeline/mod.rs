@@ -24,6 +24,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use crate::access_log::{self, AccessLog};
+use crate::audit::{Sample, Sampler};
 use crate::cache::{CacheKey, Loaded, Lookup, Negative, ResponseCache};
 use crate::config::{KeySource, Normalize, OutcomeHeaderPolicy, RouteMode};
 use crate::gate::{Filter, Verdict};
@@ -166,6 +167,9 @@ pub struct Pipeline {
     passthrough_metrics: PassthroughMetrics,
     write_through: Vec<WriteThrough>,
     edge: EdgePolicy,
+    /// Samples refused keys for the background audit, when it is on (shared by every
+    /// pipeline a reload makes).
+    audit: Option<Arc<Sampler>>,
 }
 
 /// The parts of a guarded request the pipeline reads.
@@ -197,7 +201,14 @@ impl Pipeline {
             passthrough_metrics,
             write_through,
             edge,
+            audit: None,
         }
+    }
+
+    /// Offers the keys this handler refuses to `audit`'s sampler.
+    pub fn with_audit(mut self, audit: Option<Arc<Sampler>>) -> Pipeline {
+        self.audit = audit;
+        self
     }
 
     /// The guarded routes, for the admin plane.
@@ -428,6 +439,9 @@ impl Pipeline {
         };
         let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
         if verdict == Verdict::Absent && !shadow_absent {
+            if let Some(audit) = &self.audit {
+                audit.offer(|| Sample::refused(&route.label, &route.origin, &route.filter, &key));
+            }
             // Short-circuit: the key is certainly absent; no cache, no origin.
             return Ok(Answer::by(Outcome::Intercepted, not_found()));
         }

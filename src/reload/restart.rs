@@ -54,6 +54,7 @@ pub fn changed(old: &Config, new: &Config) -> Vec<String> {
     same!(log);
     same!(fleet);
     same!(false_positive_budget);
+    same!(audit);
     fields
 }
 

@@ -37,6 +37,7 @@ pub struct TestConfig {
     routes: Vec<TestRoute>,
     write_through: Vec<Vec<String>>,
     fleet: Vec<String>,
+    audit: Vec<String>,
 }
 
 impl TestConfig {
@@ -58,6 +59,7 @@ impl TestConfig {
             routes: Vec::new(),
             write_through: Vec::new(),
             fleet: Vec::new(),
+            audit: Vec::new(),
         }
     }
 
@@ -173,6 +175,12 @@ impl TestConfig {
         self
     }
 
+    /// Adds a line to `[audit]`.
+    pub fn audit(mut self, line: impl Into<String>) -> Self {
+        self.audit.push(line.into());
+        self
+    }
+
     /// The config as TOML.
     pub fn toml(&self) -> String {
         let mut out = String::new();
@@ -215,6 +223,9 @@ impl TestConfig {
         }
         if !self.fleet.is_empty() {
             section("[fleet]", &self.fleet);
+        }
+        if !self.audit.is_empty() {
+            section("[audit]", &self.audit);
         }
         out
     }

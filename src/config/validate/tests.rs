@@ -239,6 +239,9 @@ const MISTAKES: &[Mistake] = &[
             b.per_client = 0;
         }
     }),
+    ("audit.rate", |c| c.audit.rate = 1.5),
+    ("audit.max_per_second", |c| c.audit.max_per_second = 0),
+    ("audit.queue", |c| c.audit.queue = 0),
 ];
 
 /// Mistakes that remove what other fields refer to: each alone is still one problem,
@@ -375,4 +378,46 @@ fn connection_bounds_are_checked() {
     c.server.max_connections = 1;
     c.server.http2_max_concurrent_streams = 1;
     assert_eq!(problems(&c), []);
+}
+
+#[test]
+fn audit_settings_are_checked() {
+    let c = base();
+    assert!(c.audit.enabled, "the audit is on by default");
+    assert_eq!((c.audit.rate, c.audit.max_per_second), (0.001, 10));
+
+    let c = Config::from_toml_str(&format!(
+        "{BASE}\n[audit]\nrate = 1\nmax_per_second = 500\nqueue = 4\n"
+    ))
+    .expect("a valid [audit] table");
+    assert_eq!(
+        (c.audit.rate, c.audit.max_per_second, c.audit.queue),
+        (1.0, 500, 4)
+    );
+    // A rate of 0 is valid: nothing is sampled.
+    let mut c = base();
+    c.audit.rate = 0.0;
+    assert_eq!(problems(&c), []);
+
+    // Each bad value is refused with its reason, the audit on or off.
+    for enabled in [true, false] {
+        let mut c = base();
+        c.audit.enabled = enabled;
+        c.audit.rate = f64::NAN;
+        c.audit.max_per_second = 20_000;
+        c.audit.queue = 1 << 20;
+        let found = problems(&c);
+        assert_eq!(
+            fields(&found),
+            ["audit.rate", "audit.max_per_second", "audit.queue"]
+        );
+        assert!(found[0].reason.contains("between 0 and 1"), "{found:?}");
+    }
+    let mut c = base();
+    c.audit.rate = -0.1;
+    assert_eq!(fields(&problems(&c)), ["audit.rate"]);
+    // An unknown field names itself.
+    let e =
+        Config::from_toml_str(&format!("{BASE}\n[audit]\nrat = 0.5\n")).expect_err("unknown field");
+    assert!(e.to_string().contains("rat"), "{e}");
 }
