@@ -33,6 +33,8 @@ fn pipeline(c: &mut Criterion) {
         let lookup = "SELECT sku_id, name, price FROM products WHERE sku_id = ?";
         let route = |path| TestRoute::sql("", path).unnamed().lookup(lookup);
         let toml = TestConfig::new(&url)
+            // The audit at its shipped default, as it runs in production.
+            .audit("enabled = true")
             .server("listen = \"127.0.0.1:0\"")
             .admin("listen = \"127.0.0.1:0\"")
             .expected_items(PRODUCTS)

@@ -74,6 +74,8 @@ async fn an_intercepted_request_allocates_only_its_response() {
     db.migrate().await.expect("migrate");
     db.seed_demo_products(10_000).await.expect("seed");
     let toml = TestConfig::new(&url)
+        // The audit at its shipped default, as it runs in production.
+        .audit("enabled = true")
         .server("listen = \"127.0.0.1:0\"")
         .admin("listen = \"127.0.0.1:0\"")
         .expected_items(10_000)

@@ -1061,8 +1061,10 @@ async fn prometheus_evaluates_every_panel_and_rule_and_the_alerts_fire() {
         .filter(|(_, _, expr)| !expr.contains(FLEET_METRICS) && !expr.contains(TLS_METRICS))
         .map(|(title, legend, expr)| (format!("panel {title:?} ({legend})"), expr))
         .collect();
-    // The audit's alert has data only once a false negative was counted.
-    let audit_alerts = alerts_of_group(&rules, AUDIT_GROUP);
+    // The audit's alert has data only once a false negative was counted, the reload
+    // alert only once a reload was refused.
+    let mut audit_alerts = alerts_of_group(&rules, AUDIT_GROUP);
+    audit_alerts.extend(alerts_of_group(&rules, CONFIG_GROUP));
     checks.extend(
         rule_exprs(&rules)
             .into_iter()
@@ -1071,8 +1073,8 @@ async fn prometheus_evaluates_every_panel_and_rule_and_the_alerts_fire() {
             .map(|(name, expr)| (format!("rule {name}"), expr)),
     );
     // The breaker alert needs an origin failing for minutes (tests/rules/origins.yml
-    // drives it, tests/breaker.rs the breaker itself); the fleet and TLS alerts are
-    // driven by their own rule tests.
+    // drives it, tests/breaker.rs the breaker itself); the fleet, TLS, audit and reload
+    // alerts are driven by their own rule tests (tests/reload.rs refuses real reloads).
     let mut elsewhere = alerts_of_group(&rules, FLEET_GROUP);
     elsewhere.extend(alerts_of_group(&rules, TLS_GROUP));
     elsewhere.extend(alerts_of_group(&rules, ORIGINS_GROUP));
