@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use crate::admin::Admin;
 use crate::audit::{Audit, Auditor};
 use crate::cache::ResponseCache;
-use crate::config::{Compiled, Config, ConfigError};
+use crate::config::{Compiled, Config, ConfigError, Threading};
 use crate::db::{Db, PoolSettings};
 use crate::fleet::Fleet;
 use crate::gate::Filter;
@@ -78,7 +78,7 @@ pub enum AppError {
 /// A built, bound, not yet running bloomgate.
 pub struct App {
     config: Config,
-    data: TcpListener,
+    data: DataSockets,
     admin: TcpListener,
     proxy: Arc<Proxy>,
     admin_handler: Arc<Admin>,
@@ -92,6 +92,45 @@ pub struct App {
 }
 
 struct DataPlane(Arc<Proxy>);
+
+/// The data plane's sockets, bound when the app is built.
+enum DataSockets {
+    /// One listener, served on the shared runtime (`server.threading = "shared"`).
+    Shared(TcpListener),
+    /// One listener per serving thread (`server.threading = "per_core"`).
+    PerCore(Vec<std::net::TcpListener>),
+}
+
+impl DataSockets {
+    async fn bind(server: &crate::config::ServerConfig) -> Result<DataSockets, AppError> {
+        let addr = server.listen;
+        match server.threading {
+            Threading::Shared => Ok(DataSockets::Shared(bind(addr).await?)),
+            Threading::PerCore => {
+                let listeners = server::bind_reuseport(addr, server.serving_threads())
+                    .map_err(|source| AppError::Bind { addr, source })?;
+                Ok(DataSockets::PerCore(listeners))
+            }
+        }
+    }
+
+    fn threads(&self) -> usize {
+        match self {
+            DataSockets::Shared(_) => 0,
+            DataSockets::PerCore(ls) => ls.len(),
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            DataSockets::Shared(l) => l.local_addr(),
+            DataSockets::PerCore(ls) => ls
+                .first()
+                .ok_or_else(|| std::io::Error::other("no listener"))?
+                .local_addr(),
+        }
+    }
+}
 
 impl Handler for DataPlane {
     type Body = ProxyBody;
@@ -248,7 +287,7 @@ impl App {
             metrics,
             fleet,
         });
-        let data = bind(config.server.listen).await?;
+        let data = DataSockets::bind(&config.server).await?;
         let admin = bind(config.admin.listen).await?;
         Ok(App {
             config,
@@ -322,19 +361,32 @@ impl App {
         tracing::info!(data = %self.data_addr(), admin = %self.admin_addr(),
             tls = self.tls.is_some(), http2 = options.http2,
             routes = self.proxy.current().routes().len(),
+            threading = ?self.config.server.threading, serving_threads = self.data.threads(),
             filters = self.reloader.filters().len(), "bloomgate listening");
         let mut servers = JoinSet::new();
-        servers.spawn(server::serve(
-            self.data,
-            Arc::new(DataPlane(Arc::clone(&self.proxy))),
-            options,
-            Transport {
-                tls: self.tls.clone(),
-                metrics: Some(self.connections.clone()),
-            },
-            stop_rx.clone(),
-            "data",
-        ));
+        let data_plane = Arc::new(DataPlane(Arc::clone(&self.proxy)));
+        let transport = Transport {
+            tls: self.tls.clone(),
+            metrics: Some(self.connections.clone()),
+        };
+        match self.data {
+            DataSockets::Shared(listener) => servers.spawn(server::serve(
+                listener,
+                data_plane,
+                options,
+                transport,
+                stop_rx.clone(),
+                "data",
+            )),
+            DataSockets::PerCore(listeners) => servers.spawn(server::serve_per_core(
+                listeners,
+                data_plane,
+                options,
+                transport,
+                stop_rx.clone(),
+                "data",
+            )),
+        };
         servers.spawn(server::serve(
             self.admin,
             self.admin_handler,

@@ -1,11 +1,12 @@
-//! Serving HTTP on a listener that is handed in: the accept loop and its bound on open
-//! connections, TLS termination (`tls`, `cert`), the protocol of each connection
-//! (HTTP/1.1; HTTP/2 by ALPN on TLS or by its preface in cleartext, `sniff`), the limits
-//! on a request head (read timeout, size, target length), half-closed connections, idle
-//! connections, and graceful shutdown (stop accepting, let in-flight requests finish
-//! within a grace period; HTTP/2 clients get a GOAWAY). Each request reaches the handler
-//! the same whatever the protocol, with a [`ConnectionInfo`] in its extensions. It knows
-//! nothing about what the handler does.
+//! Serving HTTP on listeners that are handed in: the accept loop and the bound on open
+//! connections, one listener per serving thread (`SO_REUSEPORT`, [`serve_per_core`]) or
+//! one on a shared runtime ([`serve`]), TLS termination (`tls`, `cert`), the protocol of
+//! each connection (HTTP/1.1; HTTP/2 by ALPN on TLS or by its preface in cleartext,
+//! `sniff`), the limits on a request head (read timeout, size, target length),
+//! half-closed connections, idle connections, and graceful shutdown (stop accepting, let
+//! in-flight requests finish within a grace period; HTTP/2 clients get a GOAWAY). Each
+//! request reaches the handler the same whatever the protocol and thread, with a
+//! [`ConnectionInfo`] in its extensions. It knows nothing about what the handler does.
 
 pub mod cert;
 pub mod metrics;
@@ -147,6 +148,29 @@ struct Listener<H> {
     name: &'static str,
 }
 
+/// The bound on a plane's open connections, shared by all of its listeners: one
+/// permit a connection, taken at accept (one atomic operation per connection, none per
+/// request).
+#[derive(Clone)]
+pub struct ConnectionSlots {
+    semaphore: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl ConnectionSlots {
+    /// Room for `max_connections` (at least 1, at most what a semaphore counts).
+    pub fn new(max_connections: usize) -> ConnectionSlots {
+        // Draining waits for a listener's slots at once, which a semaphore counts in a u32.
+        let limit = max_connections
+            .clamp(1, u32::MAX as usize)
+            .min(Semaphore::MAX_PERMITS);
+        ConnectionSlots {
+            semaphore: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
+}
+
 /// Accepts connections until `shutdown` turns true, then drains. Returns the number of
 /// connections that were still open when the grace period ran out.
 pub async fn serve<H: Handler>(
@@ -154,23 +178,146 @@ pub async fn serve<H: Handler>(
     handler: Arc<H>,
     options: ServeOptions,
     transport: Transport,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     name: &'static str,
 ) -> usize {
-    // Draining waits for every slot at once, which the semaphore counts in a u32.
-    let limit = options
-        .max_connections
-        .clamp(1, u32::MAX as usize)
-        .min(Semaphore::MAX_PERMITS);
-    let slots = Arc::new(Semaphore::new(limit));
-    let shared = Arc::new(Listener {
-        handler,
-        options,
-        http1: http1_builder(&options),
-        http2: http2_builder(&options),
-        transport,
-        name,
-    });
+    let slots = ConnectionSlots::new(options.max_connections);
+    let shared = Arc::new(Listener::new(handler, options, transport, name));
+    accept_loop(listener, shared, slots, shutdown, "shared").await
+}
+
+/// Serves one plane on several listeners bound to one address with `SO_REUSEPORT`
+/// (see [`bind_reuseport`]), each on a thread of its own that runs a single-threaded
+/// runtime: the kernel spreads new connections over the listeners, and a connection
+/// lives on the thread that accepted it, so a request is read, answered and written
+/// without crossing threads. The bound on open connections is shared. Returns once every
+/// thread has drained (see [`serve`]), with the connections left open in all of them.
+///
+/// Tasks a request spawns (a background refresh, HTTP/2 streams) run on its thread;
+/// sockets it opens (a pooled database or upstream connection) are driven by that
+/// thread's runtime, and may be used from others while it runs.
+pub async fn serve_per_core<H: Handler>(
+    listeners: Vec<std::net::TcpListener>,
+    handler: Arc<H>,
+    options: ServeOptions,
+    transport: Transport,
+    shutdown: watch::Receiver<bool>,
+    name: &'static str,
+) -> usize {
+    let slots = ConnectionSlots::new(options.max_connections);
+    let shared = Arc::new(Listener::new(handler, options, transport, name));
+    let mut done = Vec::with_capacity(listeners.len());
+    for (i, std_listener) in listeners.into_iter().enumerate() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (shared, slots, shutdown) = (Arc::clone(&shared), slots.clone(), shutdown.clone());
+        let worker = move || {
+            SERVING_THREAD.set(Some(i));
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let left = match runtime {
+                Ok(rt) => rt.block_on(async move {
+                    match TcpListener::from_std(std_listener) {
+                        Ok(listener) => {
+                            let thread = i.to_string();
+                            accept_loop(listener, shared, slots, shutdown, &thread).await
+                        }
+                        Err(e) => {
+                            tracing::error!(listener = name, worker = i, error = %e,
+                                "cannot serve on this listener; the others go on");
+                            0
+                        }
+                    }
+                }),
+                Err(e) => {
+                    tracing::error!(listener = name, worker = i, error = %e,
+                        "cannot start a serving thread's runtime; the others go on");
+                    0
+                }
+            };
+            // The receiver is gone only if the caller stopped waiting.
+            let _ = tx.send(left);
+        };
+        match std::thread::Builder::new()
+            .name(format!("bloomgate-{name}-{i}"))
+            .spawn(worker)
+        {
+            Ok(_) => done.push(rx),
+            Err(e) => tracing::error!(listener = name, worker = i, error = %e,
+                "cannot start a serving thread; the others go on"),
+        }
+    }
+    let mut left = 0;
+    for rx in done {
+        left += rx.await.unwrap_or(0);
+    }
+    left
+}
+
+thread_local! {
+    static SERVING_THREAD: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The index of the [`serve_per_core`] thread the caller runs on; `None` on any other
+/// thread. Lets a shared part keep per-thread state (see `origin::client::Upstream`).
+pub fn serving_thread() -> Option<usize> {
+    SERVING_THREAD.get()
+}
+
+/// `workers` listeners bound to `addr` with `SO_REUSEPORT` (and `SO_REUSEADDR`, as a
+/// single listener has), for [`serve_per_core`]. With port 0 the first picks the port
+/// and the others join it. Must run inside a tokio runtime; the listeners are returned
+/// detached from it.
+///
+/// `SO_REUSEPORT` lets any process of the same user bind the same port too: the kernel
+/// would then spread connections over both, so two instances started on one address by
+/// mistake both come up instead of the second failing.
+pub fn bind_reuseport(
+    addr: SocketAddr,
+    workers: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let mut bound: Vec<std::net::TcpListener> = Vec::with_capacity(workers.max(1));
+    let mut at = addr;
+    for _ in 0..workers.max(1) {
+        let socket = if at.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket.bind(at)?;
+        let listener = socket.listen(LISTEN_BACKLOG)?.into_std()?;
+        if bound.is_empty() {
+            at = listener.local_addr()?;
+        }
+        bound.push(listener);
+    }
+    Ok(bound)
+}
+
+/// The accept queue of each listener (the kernel caps it at `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// Accepts on `listener` until `shutdown` turns true, then waits (within the grace
+/// period) for the connections it accepted. Returns how many were still open then.
+/// `thread` names the serving thread in metrics.
+async fn accept_loop<H: Handler>(
+    listener: TcpListener,
+    shared: Arc<Listener<H>>,
+    slots: ConnectionSlots,
+    mut shutdown: watch::Receiver<bool>,
+    thread: &str,
+) -> usize {
+    let name = shared.name;
+    let limit = slots.limit;
+    let counted = shared
+        .transport
+        .metrics
+        .as_ref()
+        .map(|m| m.accepted_by(thread));
+    // This listener's own connections, for draining; the plane's bound is `slots`.
+    let mine = Arc::new(Semaphore::new(limit));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -185,7 +332,10 @@ pub async fn serve<H: Handler>(
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+        let (Ok(slot), Ok(own)) = (
+            Arc::clone(&slots.semaphore).try_acquire_owned(),
+            Arc::clone(&mine).try_acquire_owned(),
+        ) else {
             // Every slot is taken. Closing at once tells the client (or the load
             // balancer) to go elsewhere now; leaving it in the backlog would make it
             // wait for its own timeout while the kernel queue fills.
@@ -197,6 +347,9 @@ pub async fn serve<H: Handler>(
                 "connection refused: too many open");
             continue;
         };
+        if let Some(counted) = &counted {
+            counted.inc();
+        }
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(listener = name, error = %e, "cannot set TCP_NODELAY");
         }
@@ -204,7 +357,7 @@ pub async fn serve<H: Handler>(
             Arc::clone(&shared),
             stream,
             peer,
-            slot,
+            (slot, own),
             shutdown.clone(),
         ));
     }
@@ -212,17 +365,17 @@ pub async fn serve<H: Handler>(
     let open = |slots: &Semaphore| limit - slots.available_permits();
     tracing::info!(
         listener = name,
-        open_connections = open(&slots),
+        open_connections = open(&mine),
         "stopped accepting; draining"
     );
     let all = u32::try_from(limit).unwrap_or(u32::MAX);
-    match tokio::time::timeout(options.grace, slots.acquire_many(all)).await {
+    match tokio::time::timeout(shared.options.grace, mine.acquire_many(all)).await {
         Ok(_) => 0,
         Err(_) => {
-            let left = open(&slots);
+            let left = open(&mine);
             tracing::warn!(
                 listener = name,
-                grace_ms = options.grace.as_millis() as u64,
+                grace_ms = shared.options.grace.as_millis() as u64,
                 open_connections = left,
                 "grace period over; closing remaining connections"
             );
@@ -237,7 +390,7 @@ async fn connection<H: Handler>(
     shared: Arc<Listener<H>>,
     stream: TcpStream,
     peer: SocketAddr,
-    slot: OwnedSemaphorePermit,
+    slot: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     mut shutdown: watch::Receiver<bool>,
 ) {
     let _slot = slot;
@@ -311,6 +464,22 @@ async fn connection<H: Handler>(
 }
 
 impl<H: Handler> Listener<H> {
+    fn new(
+        handler: Arc<H>,
+        options: ServeOptions,
+        transport: Transport,
+        name: &'static str,
+    ) -> Listener<H> {
+        Listener {
+            handler,
+            options,
+            http1: http1_builder(&options),
+            http2: http2_builder(&options),
+            transport,
+            name,
+        }
+    }
+
     fn handshake_failed(&self, why: HandshakeFailure) {
         if let Some(m) = &self.transport.metrics {
             m.handshake_failed(why);

@@ -101,6 +101,8 @@ impl Stages {
         upstream: Option<&CompiledUpstream>,
     ) -> Vec<String> {
         let mut changes = Vec::new();
+        // Each serving thread gets a connection pool of its own (see `Upstream`).
+        let serving_threads = config.server.serving_threads();
         match (&self.database_guard, &config.database) {
             (Some(guard), Some(d)) => guard.reconfigure(&d.limits()),
             (None, Some(d)) => {
@@ -120,13 +122,13 @@ impl Stages {
                 changes.push("upstream: new connection pool".to_owned());
                 Some(UpstreamPart {
                     settings: u.clone(),
-                    client: Arc::new(Upstream::new(u)),
+                    client: Arc::new(Upstream::new(u, serving_threads)),
                     guard: part.guard,
                 })
             }
             (None, Some(u)) => Some(UpstreamPart {
                 settings: u.clone(),
-                client: Arc::new(Upstream::new(u)),
+                client: Arc::new(Upstream::new(u, serving_threads)),
                 guard: Arc::new(OriginGuard::new(
                     "upstream",
                     &u.settings.limits(),

@@ -186,6 +186,38 @@ pub struct ServerConfig {
     pub http2_max_concurrent_streams: u32,
     /// TLS termination on the data plane. Off when absent: plain HTTP.
     pub tls: Option<TlsConfig>,
+    /// How data-plane connections are spread over threads: `per_core` (one
+    /// single-threaded runtime per serving thread, each accepting on a listener of its
+    /// own bound with `SO_REUSEPORT`) or `shared` (one multi-threaded runtime, shared
+    /// with background work).
+    pub threading: Threading,
+    /// Serving threads under `per_core`; 0 is one per CPU core.
+    pub workers: usize,
+}
+
+impl ServerConfig {
+    /// The serving threads `per_core` starts (`workers`, or one per CPU core when it is
+    /// 0); 0 under `shared`.
+    pub fn serving_threads(&self) -> usize {
+        match (self.threading, self.workers) {
+            (Threading::Shared, _) => 0,
+            (Threading::PerCore, 0) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            (Threading::PerCore, n) => n,
+        }
+    }
+}
+
+/// How the data plane runs its connections (`server.threading`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Threading {
+    /// A thread per core, each with its own runtime and listener; a connection stays on
+    /// the thread that accepted it. Background work (sync, builds, fleet, admin) runs on
+    /// a runtime of its own.
+    #[default]
+    PerCore,
+    /// One work-stealing runtime for connections and background work alike.
+    Shared,
 }
 
 /// The data plane's certificate and key, read at start and again on SIGHUP.
@@ -227,6 +259,8 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             http2_max_concurrent_streams: 128,
             tls: None,
+            threading: Threading::PerCore,
+            workers: 0,
         }
     }
 }

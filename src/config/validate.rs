@@ -14,6 +14,9 @@ use super::{
     Problem, RouteConfig, WatermarkKind,
 };
 
+/// Most serving threads `server.workers` may ask for.
+const MAX_WORKERS: usize = 1024;
+
 /// The problems found so far in one config.
 #[derive(Debug, Default)]
 pub(super) struct Problems(Vec<Problem>);
@@ -109,7 +112,8 @@ impl Config {
         self.check_connection_bounds(p);
     }
 
-    /// `server.max_connections` and `server.http2_max_concurrent_streams`. (The files of
+    /// `server.max_connections`, `server.http2_max_concurrent_streams` and
+    /// `server.workers`. (The files of
     /// `[server.tls]` are read in `compile`.)
     fn check_connection_bounds(&self, p: &mut Problems) {
         let s = &self.server;
@@ -120,6 +124,12 @@ impl Config {
             p.add(
                 "server.http2_max_concurrent_streams",
                 "must be between 1 and 10000",
+            );
+        }
+        if s.workers > MAX_WORKERS {
+            p.add(
+                "server.workers",
+                format!("must be at most {MAX_WORKERS} (0 is one per CPU core)"),
             );
         }
     }

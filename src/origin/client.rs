@@ -16,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::CompiledUpstream;
+use crate::server;
 
 /// Request bodies sent upstream: empty (origin fetches) or the client's body, bounded,
 /// its read errors marked as the client's (see [`client_body`]).
@@ -59,31 +60,44 @@ pub enum UpstreamError {
     Uri(#[from] http::Error),
 }
 
-/// The upstream API client.
+/// The upstream API client: a keep-alive connection pool per serving thread, and one
+/// for every other thread (background refreshes on the shared runtime, the audit).
+///
+/// A pooled connection is driven by a task on the runtime that opened it. Shared by
+/// every `per_core` serving thread, a request on one thread would often write and read
+/// through a connection driven by another, a cross-thread hand-off each way; with a pool
+/// per thread, a passed-through request stays on the thread that accepted it, as its
+/// client connection does. The cost: up to `pool_max_idle` idle connections per thread.
 pub struct Upstream {
-    client: Client<HttpConnector, UpstreamBody>,
+    /// Indexed by [`server::serving_thread`]; the last is for every other thread.
+    clients: Box<[Client<HttpConnector, UpstreamBody>]>,
     scheme: Scheme,
     authority: Authority,
     timeout: Duration,
 }
 
 impl Upstream {
-    /// Builds the client and its connection pool (no connection is opened yet) for the
-    /// `http://host:port` that config compilation read.
-    pub fn new(upstream: &CompiledUpstream) -> Upstream {
+    /// Builds the clients and their connection pools (no connection is opened yet) for
+    /// the `http://host:port` that config compilation read: one for each of
+    /// `serving_threads` and one for the rest.
+    pub fn new(upstream: &CompiledUpstream, serving_threads: usize) -> Upstream {
         let config = &upstream.settings;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.timeout));
         connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(config.pool_idle_timeout)
-            .pool_max_idle_per_host(config.pool_max_idle)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let clients = (0..=serving_threads)
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(config.pool_idle_timeout)
+                    .pool_max_idle_per_host(config.pool_max_idle)
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .build(connector.clone())
+            })
+            .collect();
         Upstream {
-            client,
+            clients,
             scheme: Scheme::HTTP,
             authority: upstream.authority.clone(),
             timeout: config.timeout,
@@ -119,12 +133,19 @@ impl Upstream {
         self.timeout
     }
 
+    /// The pool of the thread the caller runs on.
+    fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
+        let shared = self.clients.len() - 1;
+        let i = server::serving_thread().map_or(shared, |i| i.min(shared));
+        &self.clients[i]
+    }
+
     /// Sends a request and waits (bounded) for the response head.
     pub async fn send(
         &self,
         req: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        match tokio::time::timeout(self.timeout, self.client().request(req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(UpstreamError::BodyTooLarge),

@@ -349,19 +349,22 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("address");
         drop(listener);
-        let upstream = Upstream::new(&CompiledUpstream {
-            settings: UpstreamConfig {
-                url: format!("http://{addr}"),
-                timeout: Duration::from_secs(10),
-                pool_idle_timeout: Duration::from_secs(1),
-                pool_max_idle: 1,
-                max_in_flight: None,
-                max_queued: None,
-                queue_timeout: Duration::from_millis(100),
-                breaker: BreakerConfig::default(),
+        let upstream = Upstream::new(
+            &CompiledUpstream {
+                settings: UpstreamConfig {
+                    url: format!("http://{addr}"),
+                    timeout: Duration::from_secs(10),
+                    pool_idle_timeout: Duration::from_secs(1),
+                    pool_max_idle: 1,
+                    max_in_flight: None,
+                    max_queued: None,
+                    queue_timeout: Duration::from_millis(100),
+                    breaker: BreakerConfig::default(),
+                },
+                authority: addr.to_string().parse().expect("an authority"),
             },
-            authority: addr.to_string().parse().expect("an authority"),
-        });
+            0,
+        );
         let req = http::Request::builder()
             .uri(upstream.uri_for_target("/x").expect("uri"))
             .body(Either::Left(Empty::new()))

@@ -28,6 +28,8 @@ pub fn changed(old: &Config, new: &Config) -> Vec<String> {
     same!(server.max_connections);
     same!(server.http2);
     same!(server.http2_max_concurrent_streams);
+    same!(server.threading);
+    same!(server.workers);
     check(
         "server.tls",
         value(&old.server.tls.is_some()),

@@ -11,6 +11,7 @@ use crate::metrics::family;
 #[derive(Clone)]
 pub struct ConnectionMetrics {
     connections: IntCounterVec,
+    accepted: IntCounterVec,
     open: IntGauge,
     refused: IntCounter,
     handshake_failures: IntCounterVec,
@@ -49,6 +50,15 @@ impl ConnectionMetrics {
                 "Data-plane connections served, by protocol (http1, h2 over TLS, h2c in \
                  cleartext) and whether TLS carried them.",
                 &["protocol", "tls"],
+            )?,
+            accepted: family(
+                registry,
+                "bloomgate_connections_accepted_total",
+                "Data-plane connections accepted, by serving thread (its index under \
+                 server.threading = \"per_core\"; \"shared\" otherwise): the kernel \
+                 spreads connections over the threads' listeners by a hash of their \
+                 addresses, not by load.",
+                &["thread"],
             )?,
             open: family::<IntGaugeVec>(
                 registry,
@@ -109,6 +119,11 @@ impl ConnectionMetrics {
     pub fn served(&self, protocol: &str, tls: bool) {
         let tls = if tls { "true" } else { "false" };
         self.connections.with_label_values(&[protocol, tls]).inc();
+    }
+
+    /// The counter of connections accepted by the serving thread called `thread`.
+    pub fn accepted_by(&self, thread: &str) -> IntCounter {
+        self.accepted.with_label_values(&[thread])
     }
 
     /// A connection holds a slot until the guard is dropped.

@@ -747,6 +747,8 @@ pub struct Seen {
 /// - `GET /slow/{ms}`: answers after `ms` milliseconds.
 /// - `GET|POST /held…`: answers 200 once the test lets it (see [`StubUpstream::hold_next`]),
 ///   at once if nothing is held.
+/// - `GET /gathered…`: answers 200 once the test lets all of them go (see
+///   [`StubUpstream::gather`]), at once if nothing gathers them.
 /// - `POST|PUT /echo…`: streams the request body back in chunks; records what it saw.
 pub struct StubUpstream {
     pub addr: SocketAddr,
@@ -769,6 +771,15 @@ pub struct StubState {
     pub hold: Mutex<Option<(oneshot::Sender<u64>, oneshot::Receiver<()>)>>,
     /// See [`StubUpstream::hold_next`].
     pub held: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
+    /// See [`StubUpstream::gather`].
+    pub gathering: Mutex<Option<Gathering>>,
+}
+
+/// Requests to `/gathered…` held together (see [`StubUpstream::gather`]).
+#[derive(Clone)]
+pub struct Gathering {
+    arrived: Arc<watch::Sender<usize>>,
+    release: watch::Receiver<bool>,
 }
 
 impl StubUpstream {
@@ -852,6 +863,19 @@ impl StubUpstream {
         (on_arrival, release)
     }
 
+    /// Holds every request to `/gathered…` from now on: the receiver counts the requests
+    /// that have arrived, and all of them are answered once `true` is sent (or the
+    /// sender is dropped).
+    pub fn gather(&self) -> (watch::Receiver<usize>, watch::Sender<bool>) {
+        let (arrived, counted) = watch::channel(0);
+        let (release, released) = watch::channel(false);
+        *self.state.gathering.lock().expect("lock") = Some(Gathering {
+            arrived: Arc::new(arrived),
+            release: released,
+        });
+        (counted, release)
+    }
+
     /// `http://addr`
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
@@ -931,6 +955,19 @@ impl Handler for StubHandler {
                 r.headers_mut().insert("location", v);
             }
             return r;
+        }
+        if path.starts_with("/gathered") {
+            let gathering = self.0.gathering.lock().expect("lock").clone();
+            if let Some(Gathering {
+                arrived,
+                mut release,
+            }) = gathering
+            {
+                arrived.send_modify(|n| *n += 1);
+                // An error means the test dropped its sender: answer.
+                let _ = release.wait_for(|go| *go).await;
+            }
+            return full(StatusCode::OK, "{\"gathered\":true}".into());
         }
         if path.starts_with("/held") {
             let held = self.0.held.lock().expect("lock").take();
