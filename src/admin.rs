@@ -43,6 +43,8 @@ pub struct Admin {
     pub metrics: Metrics,
     /// Fleet mode, when configured.
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// The data plane's serving threads, counted in the runtime metrics.
+    pub serving_runtimes: crate::server::ServingRuntimes,
 }
 
 impl Handler for Admin {
@@ -131,9 +133,13 @@ impl Admin {
         cache.run_pending_maintenance().await;
         let (positive, negative) = cache.entry_counts();
         self.metrics.set_cache_entries(positive, negative);
+        self.metrics.set_cache_bytes(cache.estimated_bytes());
         let runtime = tokio::runtime::Handle::current().metrics();
-        self.metrics
-            .set_runtime(runtime.num_alive_tasks(), runtime.num_workers());
+        let (serving, serving_tasks) = self.serving_runtimes.counts();
+        self.metrics.set_runtime(
+            runtime.num_alive_tasks() + serving_tasks,
+            runtime.num_workers() + serving,
+        );
         let mut buf = Vec::with_capacity(16 * 1024);
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
             tracing::error!(error = %e, "cannot encode metrics");

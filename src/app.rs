@@ -28,7 +28,9 @@ use crate::pipeline::budget::Budget;
 use crate::pipeline::{Proxy, ProxyBody};
 use crate::reload::Reloader;
 use crate::server::tls::TlsSetupError;
-use crate::server::{self, ConnectionMetrics, Handler, ServeOptions, Tls, Transport};
+use crate::server::{
+    self, ConnectionMetrics, Handler, ServeOptions, ServingRuntimes, Tls, Transport,
+};
 use crate::stages::{AssembleError, RouteIds, Stages};
 
 /// Local changes waiting for the fleet's appender; past this, a change is dropped
@@ -286,6 +288,7 @@ impl App {
             registry,
             metrics,
             fleet,
+            serving_runtimes: ServingRuntimes::default(),
         });
         let data = DataSockets::bind(&config.server).await?;
         let admin = bind(config.admin.listen).await?;
@@ -368,6 +371,7 @@ impl App {
         let transport = Transport {
             tls: self.tls.clone(),
             metrics: Some(self.connections.clone()),
+            runtimes: self.admin_handler.serving_runtimes.clone(),
         };
         match self.data {
             DataSockets::Shared(listener) => servers.spawn(server::serve(

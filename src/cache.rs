@@ -12,7 +12,7 @@ use moka::Expiry;
 use moka::future::Cache;
 use moka::ops::compute::{CompResult, Op};
 
-use crate::config::CacheConfig;
+use crate::config::{CacheConfig, DEFAULT_MAX_ENTRIES};
 use crate::key::OwnedKey;
 use crate::origin::{CachedResponse, Fetched, OriginError, Variant};
 
@@ -138,8 +138,9 @@ impl Expiry<CacheKey, CachedResponse> for PositiveExpiry {
 /// stale. Answers without a lifetime are never inserted; zero would expire one at once.
 fn kept_for(value: &CachedResponse) -> Duration {
     value
+        .meta
         .ttl
-        .map_or(Duration::ZERO, |ttl| ttl + value.stale.longest())
+        .map_or(Duration::ZERO, |ttl| ttl + value.meta.stale.longest())
 }
 
 struct NegativeExpiry;
@@ -160,6 +161,8 @@ pub struct ResponseCache {
     has_variants: Arc<AtomicBool>,
     /// Keys whose background refresh is running: one task per key at a time.
     refreshing: Arc<std::sync::Mutex<std::collections::HashSet<CacheKey>>>,
+    /// How the positive and the negative cache are bounded.
+    bounds: (Bound, Bound),
 }
 
 /// A background refresh of one key, claimed by [`ResponseCache::claim_refresh`]; the
@@ -178,25 +181,160 @@ impl Drop for RefreshClaim {
     }
 }
 
+/// Resident bytes of a positive entry besides its body, stored headers and key, as
+/// measured at 1,000,000 entries (`examples/cache_floor.rs`, docs/BENCHMARKS.md): moka's
+/// own entry with its per-entry expiry, the key, the answer's fixed part and the body's
+/// reference count. An estimate: it is what the byte bound counts per entry.
+pub const POSITIVE_ENTRY_OVERHEAD: usize = 480;
+
+/// The same for a negative entry (no body, no answer).
+pub const NEGATIVE_ENTRY_OVERHEAD: usize = 400;
+
+/// How one of the two caches is bounded: by entries, by estimated bytes, or by both
+/// (whichever is reached first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// At most this many entries.
+    Entries(u64),
+    /// At most this many estimated bytes.
+    Bytes(u64),
+    /// At most `entries` entries and at most `bytes` bytes.
+    Both {
+        /// The entry bound.
+        entries: u64,
+        /// The byte bound.
+        bytes: u64,
+    },
+}
+
+/// Under [`Bound::Both`], the weight of an entry when the entry bound is what counts:
+/// moka's capacity is then `entries · ENTRY_UNIT`, and an entry weighs the larger of
+/// `ENTRY_UNIT` and its share of the byte bound in the same units, so that neither bound
+/// can be passed.
+const ENTRY_UNIT: u64 = 1024;
+
+impl Bound {
+    /// The bound of `max_entries` and `max_bytes`, either of which may be unset.
+    pub fn of(max_entries: Option<u64>, max_bytes: Option<u64>) -> Bound {
+        match (max_entries, max_bytes) {
+            (Some(entries), Some(bytes)) => Bound::Both { entries, bytes },
+            (None, Some(bytes)) => Bound::Bytes(bytes),
+            (Some(entries), None) => Bound::Entries(entries),
+            (None, None) => Bound::Entries(DEFAULT_MAX_ENTRIES),
+        }
+    }
+
+    /// moka's `max_capacity`, in the units of [`Bound::weight`].
+    pub fn capacity(self) -> u64 {
+        match self {
+            Bound::Entries(n) => n,
+            Bound::Bytes(b) => b,
+            Bound::Both { entries, .. } => entries.saturating_mul(ENTRY_UNIT),
+        }
+    }
+
+    /// The weight of an entry of `bytes` estimated bytes.
+    pub fn weight(self, bytes: usize) -> u32 {
+        let units = match self {
+            Bound::Entries(_) => 1,
+            Bound::Bytes(_) => bytes as u128,
+            Bound::Both {
+                entries,
+                bytes: max,
+            } => {
+                let share = (bytes as u128 * u128::from(entries) * u128::from(ENTRY_UNIT))
+                    .div_ceil(u128::from(max.max(1)));
+                share.max(u128::from(ENTRY_UNIT))
+            }
+        };
+        u32::try_from(units).unwrap_or(u32::MAX)
+    }
+
+    /// Whether entries are weighed at all.
+    fn weighs(self) -> bool {
+        !matches!(self, Bound::Entries(_))
+    }
+}
+
+/// Estimated heap bytes of a key beyond what every entry has.
+fn key_bytes(key: &CacheKey) -> usize {
+    let text = match &key.key {
+        OwnedKey::Int(_) => 0,
+        // The `Arc<str>`'s counts and text.
+        OwnedKey::Text(s) => 16 + s.len(),
+    };
+    let variant = key.variant.as_ref().map_or(0, |v| {
+        std::mem::size_of::<Variant>()
+            + v.query.as_ref().map_or(0, String::len)
+            + v.headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len() + 80)
+                .sum::<usize>()
+    });
+    text + variant
+}
+
+/// The estimated resident bytes of a positive entry.
+pub fn positive_entry_bytes(key: &CacheKey, value: &CachedResponse) -> usize {
+    POSITIVE_ENTRY_OVERHEAD + key_bytes(key) + value.own_bytes()
+}
+
+/// The estimated resident bytes of a negative entry.
+pub fn negative_entry_bytes(key: &CacheKey) -> usize {
+    NEGATIVE_ENTRY_OVERHEAD + key_bytes(key)
+}
+
 impl ResponseCache {
     /// Builds both caches with the configured bounds. `has_variants`: some route forwards
     /// parameters or headers to its origin.
     pub fn new(config: &CacheConfig, has_variants: bool) -> ResponseCache {
+        let positive_bound = Bound::of(config.max_entries, config.max_bytes);
+        let negative_bound = Bound::of(config.negative_max_entries, config.negative_max_bytes);
+        let mut positive = Cache::builder()
+            .name("bloomgate-positive")
+            .max_capacity(positive_bound.capacity())
+            .expire_after(PositiveExpiry);
+        if positive_bound.weighs() {
+            positive = positive.weigher(move |k: &CacheKey, v: &CachedResponse| {
+                positive_bound.weight(positive_entry_bytes(k, v))
+            });
+        }
+        let mut negative = Cache::builder()
+            .name("bloomgate-negative")
+            .max_capacity(negative_bound.capacity())
+            .expire_after(NegativeExpiry);
+        if negative_bound.weighs() {
+            negative = negative.weigher(move |k: &CacheKey, _: &Duration| {
+                negative_bound.weight(negative_entry_bytes(k))
+            });
+        }
         ResponseCache {
             has_variants: Arc::new(AtomicBool::new(has_variants)),
             refreshing: Arc::default(),
-            positive: Cache::builder()
-                .name("bloomgate-positive")
-                .max_capacity(config.max_entries)
-                .expire_after(PositiveExpiry)
-                .support_invalidation_closures()
-                .build(),
-            negative: Cache::builder()
-                .name("bloomgate-negative")
-                .max_capacity(config.negative_max_entries)
-                .expire_after(NegativeExpiry)
-                .build(),
+            positive: positive.build(),
+            negative: negative.build(),
+            bounds: (positive_bound, negative_bound),
         }
+    }
+
+    /// The estimated bytes the entries of each cache bounded in bytes take now, as that
+    /// bound counts them: (positive, negative), `None` for a cache bounded by entries
+    /// alone. Under both bounds an entry weighs at least its share of the entry bound,
+    /// so this reads high while the entry bound is the one that binds.
+    pub fn estimated_bytes(&self) -> (Option<u64>, Option<u64>) {
+        let bytes = |bound: Bound, weighted: u64| match bound {
+            Bound::Entries(_) => None,
+            Bound::Bytes(_) => Some(weighted),
+            Bound::Both { bytes, .. } => {
+                let share =
+                    u128::from(weighted) * u128::from(bytes) / u128::from(bound.capacity().max(1));
+                Some(u64::try_from(share).unwrap_or(u64::MAX))
+            }
+        };
+        (
+            bytes(self.bounds.0, self.positive.weighted_size()),
+            bytes(self.bounds.1, self.negative.weighted_size()),
+        )
     }
 
     /// Looks a key up: positive first, then negative (under [`CacheKey::absence`]).
@@ -223,7 +361,7 @@ impl ResponseCache {
     {
         match fetch.await {
             Ok(Fetched::Found(response)) => {
-                if response.ttl.is_some() && response.with_credentials {
+                if response.storable() && response.with_credentials {
                     self.positive.insert(key, response.clone()).await;
                 }
                 Loaded::Found {
@@ -267,7 +405,7 @@ impl ResponseCache {
                 }
                 leader.store(true, Ordering::Relaxed);
                 match fetch.await.map_err(|e| LoadMiss::Origin(Arc::new(e)))? {
-                    Fetched::Found(response) if response.ttl.is_some() => Ok(response),
+                    Fetched::Found(response) if response.storable() => Ok(response),
                     Fetched::Found(response) => Err(LoadMiss::Unstored(response)),
                     Fetched::NotFound => {
                         self.store_absence(absence.into_owned(), &negative).await;
@@ -326,7 +464,7 @@ impl ResponseCache {
             }
             leader.store(true, Ordering::Relaxed);
             match fetch.await {
-                Ok(Fetched::Found(response)) if response.ttl.is_some() => Ok(Op::Put(response)),
+                Ok(Fetched::Found(response)) if response.storable() => Ok(Op::Put(response)),
                 Ok(Fetched::Found(response)) => Err(LoadMiss::Unstored(response)),
                 Ok(Fetched::NotFound) => {
                     self.store_absence(absence, &negative).await;
@@ -383,15 +521,26 @@ impl ResponseCache {
         self.positive.invalidate(&plain).await;
         self.negative.invalidate(&plain).await;
         if self.has_variants.load(Ordering::Relaxed) {
-            let key = key.clone();
-            // Variants are found by a scan, run by moka's maintenance; rare (an admin
-            // call), and only on routes that forward parameters or headers.
-            if let Err(e) = self
-                .positive
-                .invalidate_entries_if(move |k, _| k.route == route && k.key == key)
-            {
-                tracing::warn!(error = %e, "cannot drop cached variants of a key");
-            }
+            // Variants are found by a scan: rare (an admin call or an admission), and only
+            // when some route forwards parameters or headers.
+            self.invalidate_positive_where(|k| k.route == route && k.key == *key)
+                .await;
+        }
+    }
+
+    /// Drops the positive entries whose keys match, found by a scan of the whole cache.
+    /// An entry stored while the scan runs may be missed, as one stored just after it.
+    /// (moka's invalidation closures would spare the scan, at 32 bytes more per entry
+    /// for as long as the entry lives.)
+    async fn invalidate_positive_where(&self, matches: impl Fn(&CacheKey) -> bool) {
+        let doomed: Vec<Arc<CacheKey>> = self
+            .positive
+            .iter()
+            .filter(|(k, _)| matches(k))
+            .map(|(k, _)| k)
+            .collect();
+        for key in doomed {
+            self.positive.invalidate(&*key).await;
         }
     }
 
@@ -414,15 +563,9 @@ impl ResponseCache {
     }
 
     /// Drops the positive entries of a route id no route has any more (a reload removed
-    /// or reshaped it); its negative entries end with their short TTL. The scan runs in
-    /// moka's maintenance.
-    pub fn invalidate_route(&self, route: u32) {
-        if let Err(e) = self
-            .positive
-            .invalidate_entries_if(move |k, _| k.route == route)
-        {
-            tracing::warn!(error = %e, route, "cannot drop the cached entries of a retired route");
-        }
+    /// or reshaped it); its negative entries end with their short TTL.
+    pub async fn invalidate_route(&self, route: u32) {
+        self.invalidate_positive_where(|k| k.route == route).await;
     }
 
     /// Approximate entry counts: (positive, negative).
@@ -440,7 +583,57 @@ impl ResponseCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use std::sync::atomic::AtomicU64;
+
+    proptest! {
+        /// Whatever the entries' sizes, entries whose weights fit the capacity keep both
+        /// bounds: no more than `entries` of them, no more than `bytes` bytes in all.
+        #[test]
+        fn weights_that_fit_keep_both_bounds(
+            entries in 1u64..100_000,
+            bytes in 65_536u64..(1 << 40),
+            sizes in proptest::collection::vec(0usize..(16 << 20), 1..400),
+        ) {
+            for bound in [
+                Bound::Both { entries, bytes },
+                Bound::Bytes(bytes),
+                Bound::Entries(entries),
+            ] {
+                let mut used = 0u64;
+                let (mut count, mut total) = (0u64, 0u64);
+                for &size in &sizes {
+                    let w = u64::from(bound.weight(size));
+                    prop_assert!(w >= 1);
+                    if used + w > bound.capacity() {
+                        break;
+                    }
+                    used += w;
+                    count += 1;
+                    total += size as u64;
+                }
+                if let Bound::Both { .. } | Bound::Entries(_) = bound {
+                    prop_assert!(count <= entries, "{bound:?}: {count} entries");
+                }
+                if let Bound::Both { .. } | Bound::Bytes(_) = bound {
+                    prop_assert!(total <= bytes, "{bound:?}: {total} bytes");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_unset_bound_is_the_default_entry_bound() {
+        assert_eq!(Bound::of(None, None), Bound::Entries(DEFAULT_MAX_ENTRIES));
+        assert_eq!(Bound::of(None, Some(70_000)), Bound::Bytes(70_000));
+        assert_eq!(
+            Bound::of(Some(5), Some(70_000)),
+            Bound::Both {
+                entries: 5,
+                bytes: 70_000
+            }
+        );
+    }
 
     fn cache() -> ResponseCache {
         ResponseCache::new(&CacheConfig::default(), false)

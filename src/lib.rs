@@ -60,6 +60,7 @@ pub mod origin;
 pub mod pipeline;
 pub mod reload;
 pub mod server;
+pub mod serving;
 pub mod stages;
 pub mod watermark;
 

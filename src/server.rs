@@ -101,6 +101,29 @@ pub struct Transport {
     pub tls: Option<Arc<Tls>>,
     /// Count connections here.
     pub metrics: Option<ConnectionMetrics>,
+    /// Where [`serve_per_core`] records its threads' runtimes.
+    pub runtimes: ServingRuntimes,
+}
+
+/// The runtimes of a plane's serving threads, for the runtime metrics.
+#[derive(Clone, Default)]
+pub struct ServingRuntimes(Arc<std::sync::Mutex<Vec<tokio::runtime::Handle>>>);
+
+impl ServingRuntimes {
+    fn add(&self, handle: tokio::runtime::Handle) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(handle);
+    }
+
+    /// Serving runtimes, and the tasks alive on them (connections and what requests
+    /// spawned).
+    pub fn counts(&self) -> (usize, usize) {
+        let handles = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let alive = handles.iter().map(|h| h.metrics().num_alive_tasks()).sum();
+        (handles.len(), alive)
+    }
 }
 
 /// The protocol of a connection.
@@ -211,12 +234,16 @@ pub async fn serve_per_core<H: Handler>(
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (shared, slots, shutdown) = (Arc::clone(&shared), slots.clone(), shutdown.clone());
         let worker = move || {
-            SERVING_THREAD.set(Some(i));
+            crate::serving::enter(i);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
             let left = match runtime {
                 Ok(rt) => rt.block_on(async move {
+                    shared
+                        .transport
+                        .runtimes
+                        .add(tokio::runtime::Handle::current());
                     match TcpListener::from_std(std_listener) {
                         Ok(listener) => {
                             let thread = i.to_string();
@@ -252,16 +279,6 @@ pub async fn serve_per_core<H: Handler>(
         left += rx.await.unwrap_or(0);
     }
     left
-}
-
-thread_local! {
-    static SERVING_THREAD: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-}
-
-/// The index of the [`serve_per_core`] thread the caller runs on; `None` on any other
-/// thread. Lets a shared part keep per-thread state (see `origin::client::Upstream`).
-pub fn serving_thread() -> Option<usize> {
-    SERVING_THREAD.get()
 }
 
 /// `workers` listeners bound to `addr` with `SO_REUSEPORT` (and `SO_REUSEADDR`, as a

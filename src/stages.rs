@@ -24,7 +24,7 @@ use crate::gate::admit::Admit;
 use crate::metrics::Metrics;
 use crate::origin::client::Upstream;
 use crate::origin::guard::OriginGuard;
-use crate::origin::{Origin, SqlOrigin, UpstreamOrigin};
+use crate::origin::{Origin, ResponseMeta, SqlOrigin, UpstreamOrigin};
 use crate::pipeline::budget::Budget;
 use crate::pipeline::write_through::WriteThrough;
 use crate::pipeline::{EdgePolicy, GuardedRoute, Pipeline};
@@ -210,8 +210,7 @@ impl Stages {
                         db: db.clone(),
                         query,
                         timeout,
-                        ttl: r.ttl,
-                        stale: r.stale,
+                        answer: ResponseMeta::json_rows(r.ttl, r.stale),
                         guard: Arc::clone(guard),
                     })
                 }
@@ -281,7 +280,7 @@ impl Stages {
         self.cache.set_has_variants(has_variants);
         self.admit.set_routes(ids);
         for retired in self.route_ids.retire_unused() {
-            self.cache.invalidate_route(retired);
+            self.cache.invalidate_route(retired).await;
         }
         self.access_log = access_log;
         let edge = EdgePolicy {

@@ -122,6 +122,26 @@ async fn a_routes_ttls_override_the_cache_defaults_for_that_route_only() {
     assert_eq!(upstream_hits(stub, &long(absent)), 1);
 }
 
+/// One `kind` of a cache gauge family; each scrape runs the cache's pending
+/// maintenance first.
+async fn gauge(proxy: &TestProxy, family: &str, kind: &str) -> f64 {
+    proxy
+        .scrape()
+        .await
+        .value(&format!("{family}{{kind=\"{kind}\"}}"))
+}
+
+/// Asks for every key, 16 at a time; each must answer `status`.
+async fn get_all(proxy: &Arc<TestProxy>, keys: Vec<u64>, status: u16) {
+    let proxy = Arc::clone(proxy);
+    let answers = concurrently(keys, 16, move |k| {
+        let proxy = Arc::clone(&proxy);
+        async move { proxy.get(&format!("/api/products/{k}")).await.status }
+    })
+    .await;
+    assert!(answers.iter().all(|s| s.as_u16() == status), "{answers:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_entries_bounds_each_kind_of_entry_separately() {
     const MAX: f64 = 100.0;
@@ -136,27 +156,8 @@ async fn max_entries_bounds_each_kind_of_entry_separately() {
         return;
     };
     let proxy = Arc::new(rig.proxy);
-    let entries = |kind: &'static str| {
-        let proxy = Arc::clone(&proxy);
-        async move {
-            // Each scrape runs the cache's pending maintenance first.
-            proxy
-                .scrape()
-                .await
-                .value(&format!("bloomgate_cache_entries{{kind=\"{kind}\"}}"))
-        }
-    };
-    let get_all = |keys: Vec<u64>, status: u16| {
-        let proxy = Arc::clone(&proxy);
-        async move {
-            let answers = concurrently(keys, 16, move |k| {
-                let proxy = Arc::clone(&proxy);
-                async move { proxy.get(&format!("/api/products/{k}")).await.status }
-            })
-            .await;
-            assert!(answers.iter().all(|s| s.as_u16() == status), "{answers:?}");
-        }
-    };
+    let entries = |kind: &'static str| gauge(&proxy, "bloomgate_cache_entries", kind);
+    let get_all = |keys: Vec<u64>, status: u16| get_all(&proxy, keys, status);
 
     // Ten times the bound of found keys.
     get_all((0..SERVED).map(demo_sku).collect(), 200).await;
@@ -193,4 +194,51 @@ async fn max_entries_bounds_each_kind_of_entry_separately() {
     assert_eq!(entries("positive").await, before);
     let r = proxy.get(&format!("/api/products/{kept}")).await;
     assert_eq!((r.status.as_u16(), r.stage()), (200, "hit"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_bytes_bounds_the_estimated_bytes_of_each_kind() {
+    use bloomgate::cache::{NEGATIVE_ENTRY_OVERHEAD, POSITIVE_ENTRY_OVERHEAD};
+    const MAX_BYTES: f64 = 65_536.0;
+    // The negative cache also has an entry bound, lower than its bytes allow.
+    const NEGATIVE_MAX: f64 = 60.0;
+    let Some(rig) = rig(|c| {
+        c.cache("max_bytes = 65536")
+            .cache("negative_max_bytes = 65536")
+            .cache("negative_max_entries = 60")
+            .route(TestRoute::upstream("products", "/api/products/{id}"))
+    })
+    .await
+    else {
+        return;
+    };
+    let proxy = Arc::new(rig.proxy);
+    let gauge = |family: &'static str, kind: &'static str| gauge(&proxy, family, kind);
+    let get_all = |keys: Vec<u64>, status: u16| get_all(&proxy, keys, status);
+
+    // Found keys worth far more than the bound: every entry weighs at least its
+    // overhead, so the count is bounded too.
+    get_all((0..SERVED).map(demo_sku).collect(), 200).await;
+    let bytes = gauge("bloomgate_cache_bytes", "positive").await;
+    let entries = gauge("bloomgate_cache_entries", "positive").await;
+    assert!(bytes > 0.0 && bytes <= MAX_BYTES, "{bytes} bytes");
+    assert!(
+        entries > 0.0 && entries <= MAX_BYTES / POSITIVE_ENTRY_OVERHEAD as f64,
+        "{entries} positive entries in {bytes} bytes"
+    );
+
+    // Absent keys: the entry bound binds before the byte bound, and the gauge reads
+    // no more than the byte bound.
+    get_all((SERVED..PRODUCTS).map(demo_sku).collect(), 404).await;
+    let negative = gauge("bloomgate_cache_entries", "negative").await;
+    let negative_bytes = gauge("bloomgate_cache_bytes", "negative").await;
+    assert!(
+        negative > 0.0 && negative <= NEGATIVE_MAX,
+        "{negative} negative entries"
+    );
+    assert!(
+        negative_bytes >= negative * NEGATIVE_ENTRY_OVERHEAD as f64 && negative_bytes <= MAX_BYTES,
+        "{negative_bytes} bytes for {negative} negative entries"
+    );
+    assert_eq!(gauge("bloomgate_cache_bytes", "positive").await, bytes);
 }

@@ -7,11 +7,12 @@
 # Provides: say/die; the database (db_user, db_pass, db_host, db_port, db_name, db_url,
 # sql, com_select, seed_products); the processes the script starts (start_cleanup,
 # pids, tmp), stopped by PID on exit; free_port and wait_http; BLOOMGATE, the release
-# binary (under $CARGO_TARGET_DIR when that is set). (SC2034: the variables it sets are
+# binary (under $CARGO_TARGET_DIR when that is set, or $LOAD_BLOOMGATE). (SC2034: the variables it sets are
 # for the sourcing script.)
 
 PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
-BLOOMGATE="${CARGO_TARGET_DIR:-$repo/target}/release/bloomgate"
+# LOAD_BLOOMGATE measures another build (e.g. an older commit's, built in a worktree).
+BLOOMGATE="${LOAD_BLOOMGATE:-${CARGO_TARGET_DIR:-$repo/target}/release/bloomgate}"
 
 say() { echo "load: $*" >&2; }
 die() {

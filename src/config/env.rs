@@ -188,7 +188,7 @@ mod tests {
         .expect("valid overrides");
         assert_eq!(c.server.max_body_bytes, 2048);
         assert_eq!(c.server.trusted_proxies, ["10.0.0.0/8"]);
-        assert_eq!(c.cache.max_entries, 77);
+        assert_eq!(c.cache.max_entries, Some(77));
         assert_eq!(c.admin.token.as_deref(), Some("from-the-file"));
         // A number field given text is still refused, naming the field and the variable.
         let e = load(&[("BLOOMGATE__SERVER__MAX_BODY_BYTES", "lots")]).expect_err("text");

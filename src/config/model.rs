@@ -393,14 +393,22 @@ fn default_acquire_timeout() -> Duration {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
-    /// Most positive entries (found keys).
-    pub max_entries: u64,
+    /// Most positive entries (found keys). With neither this nor `max_bytes` set, the
+    /// bound is [`DEFAULT_MAX_ENTRIES`] entries.
+    pub max_entries: Option<u64>,
+    /// Most bytes the positive entries take, as estimated per entry (body, stored
+    /// headers, key, and the cache's own overhead for an entry); with `max_entries`
+    /// too, whichever is reached first. An approximate bound: see docs/configuration.md.
+    pub max_bytes: Option<u64>,
     /// Lifetime of a positive entry.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// Most negative entries (the gate's false positives); a separate bound, so a flood
-    /// of absent keys cannot push found keys out.
-    pub negative_max_entries: u64,
+    /// of absent keys cannot push found keys out. With neither this nor
+    /// `negative_max_bytes` set, [`DEFAULT_MAX_ENTRIES`].
+    pub negative_max_entries: Option<u64>,
+    /// Most bytes the negative entries take (key and per-entry overhead, estimated).
+    pub negative_max_bytes: Option<u64>,
     /// Lifetime of a negative entry. A key admitted by sync, write-through or the admin
     /// API drops its negative entries at once, so this mostly bounds how often one absent
     /// key can reach the origin.
@@ -417,12 +425,17 @@ pub struct CacheConfig {
     pub stale_while_revalidate: Duration,
 }
 
+/// The entry bound of each cache when no bound is configured for it.
+pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
-            max_entries: 100_000,
+            max_entries: None,
+            max_bytes: None,
             ttl: Duration::from_secs(300),
-            negative_max_entries: 100_000,
+            negative_max_entries: None,
+            negative_max_bytes: None,
             negative_ttl: Duration::from_secs(300),
             stale_if_error: Duration::from_secs(3600),
             stale_while_revalidate: Duration::ZERO,

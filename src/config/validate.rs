@@ -14,6 +14,9 @@ use super::{
     Problem, RouteConfig, WatermarkKind,
 };
 
+/// Smallest byte bound of a cache: a few hundred entries.
+const MIN_CACHE_BYTES: u64 = 64 * 1024;
+
 /// Most serving threads `server.workers` may ask for.
 const MAX_WORKERS: usize = 1024;
 
@@ -225,8 +228,19 @@ impl Config {
             ("cache.max_entries", c.max_entries),
             ("cache.negative_max_entries", c.negative_max_entries),
         ] {
-            if v == 0 {
+            if v == Some(0) {
                 p.add(field, "must be greater than 0");
+            }
+        }
+        for (field, v) in [
+            ("cache.max_bytes", c.max_bytes),
+            ("cache.negative_max_bytes", c.negative_max_bytes),
+        ] {
+            if v.is_some_and(|b| b < MIN_CACHE_BYTES) {
+                p.add(
+                    field,
+                    format!("must be at least {MIN_CACHE_BYTES} (64 KiB), or left unset"),
+                );
             }
         }
         for (field, ttl) in [("cache.ttl", c.ttl), ("cache.negative_ttl", c.negative_ttl)] {

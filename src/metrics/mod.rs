@@ -84,6 +84,7 @@ pub struct Metrics {
     /// Configuration reloads.
     pub reload: ReloadMetrics,
     cache_entries: IntGaugeVec,
+    cache_bytes: IntGaugeVec,
     passthrough: IntCounterVec,
     write_through: IntCounterVec,
     access_log_lines: IntCounterVec,
@@ -115,6 +116,14 @@ impl Metrics {
                 registry,
                 "bloomgate_cache_entries",
                 "Entries in the response cache (approximate), by kind.",
+                &["kind"],
+            )?,
+            cache_bytes: family(
+                registry,
+                "bloomgate_cache_bytes",
+                "Estimated bytes of the response cache's entries, by kind, as its byte bound \
+                 (cache.max_bytes, cache.negative_max_bytes) counts them; only for a kind \
+                 bounded in bytes.",
                 &["kind"],
             )?,
             passthrough: family(
@@ -152,6 +161,17 @@ impl Metrics {
         self.cache_entries
             .with_label_values(&["negative"])
             .set(clamp_i64(negative));
+    }
+
+    /// Publishes the estimated cache bytes of each kind bounded in bytes.
+    pub fn set_cache_bytes(&self, (positive, negative): (Option<u64>, Option<u64>)) {
+        for (kind, bytes) in [("positive", positive), ("negative", negative)] {
+            if let Some(b) = bytes {
+                self.cache_bytes
+                    .with_label_values(&[kind])
+                    .set(clamp_i64(b));
+            }
+        }
     }
 
     /// Publishes the runtime's task and worker counts.

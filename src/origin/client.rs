@@ -16,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::CompiledUpstream;
-use crate::server;
+use crate::serving;
 
 /// Request bodies sent upstream: empty (origin fetches) or the client's body, bounded,
 /// its read errors marked as the client's (see [`client_body`]).
@@ -69,7 +69,7 @@ pub enum UpstreamError {
 /// per thread, a passed-through request stays on the thread that accepted it, as its
 /// client connection does. The cost: up to `pool_max_idle` idle connections per thread.
 pub struct Upstream {
-    /// Indexed by [`server::serving_thread`]; the last is for every other thread.
+    /// Indexed by [`serving::thread`]; the last is for every other thread.
     clients: Box<[Client<HttpConnector, UpstreamBody>]>,
     scheme: Scheme,
     authority: Authority,
@@ -136,7 +136,7 @@ impl Upstream {
     /// The pool of the thread the caller runs on.
     fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
         let shared = self.clients.len() - 1;
-        let i = server::serving_thread().map_or(shared, |i| i.min(shared));
+        let i = serving::thread().map_or(shared, |i| i.min(shared));
         &self.clients[i]
     }
 

@@ -40,42 +40,133 @@ pub struct Variant {
     pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
-/// A cached answer. Cloning is cheap: the body and headers are reference counted.
+/// A cached answer. Cloning is cheap: the body and the rest are reference counted.
+///
+/// Kept small, since the cache holds one per entry: what answers of one shape share (an
+/// SQL route's content type and stale windows) sits behind one [`ResponseMeta`] for all
+/// of them.
 #[derive(Debug, Clone)]
 pub struct CachedResponse {
-    /// Status to replay (a 2xx).
-    pub status: StatusCode,
-    /// Content type to replay, if the origin gave one.
-    pub content_type: Option<HeaderValue>,
     /// The body.
     pub body: Bytes,
-    /// How long this entry lives; `None`: the answer may not be stored (HTTP caching
-    /// rules), and only the requests that waited for it get it.
+    /// When the origin gave this answer: its age is counted from here.
+    pub stored_at: Stamp,
+    /// Its lifetime, headers and stale windows.
+    pub meta: Arc<ResponseMeta>,
+    /// Status to replay (a 2xx).
+    pub status: StatusCode,
+    /// Whether the answer may be reused for requests carrying credentials.
+    pub with_credentials: bool,
+}
+
+/// What an answer carries besides its body, status and lifetime.
+#[derive(Debug, Clone, Default)]
+pub struct ResponseMeta {
+    /// How long the answer lives; `None`: it may not be stored (HTTP caching rules),
+    /// and only the requests that waited for it get it.
     pub ttl: Option<Duration>,
+    /// Content type to replay, if the origin gave one.
+    pub content_type: Option<HeaderValue>,
     /// `ETag` and `Last-Modified`, replayed and used to answer conditional requests.
     pub validators: Validators,
     /// Other end-to-end headers to replay (content encoding and language, `Vary`, and
     /// `Cache-Control` of answers that are not stored).
-    pub headers: Option<Arc<[(HeaderName, HeaderValue)]>>,
-    /// Whether the answer may be reused for requests carrying credentials.
-    pub with_credentials: bool,
-    /// When the origin gave this answer: its age is counted from here.
-    pub stored_at: Instant,
+    pub headers: Box<[(HeaderName, HeaderValue)]>,
     /// How long past `ttl` it may still be served.
     pub stale: StaleWindows,
+    /// Shared by every answer of a route (counted once, not per entry, in
+    /// [`CachedResponse::own_bytes`]).
+    pub shared: bool,
 }
+
+impl ResponseMeta {
+    /// What every answer of an SQL route carries: a JSON body, the route's TTL and
+    /// windows.
+    pub fn json_rows(ttl: Duration, stale: StaleWindows) -> Arc<ResponseMeta> {
+        Arc::new(ResponseMeta {
+            ttl: Some(ttl),
+            content_type: Some(HeaderValue::from_static("application/json")),
+            validators: Validators::default(),
+            headers: Box::new([]),
+            stale,
+            shared: true,
+        })
+    }
+
+    /// Heap bytes of one entry's own meta: the struct, and the header bytes it holds.
+    fn own_bytes(&self) -> usize {
+        let value = |v: &HeaderValue| v.len();
+        std::mem::size_of::<ResponseMeta>()
+            + self.content_type.as_ref().map_or(0, value)
+            + self.validators.etag.as_ref().map_or(0, value)
+            + self.validators.last_modified.as_ref().map_or(0, value)
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len() + HEADER_OVERHEAD)
+                .sum::<usize>()
+    }
+}
+
+/// Bytes of a stored header pair beyond its name and value (two `Bytes` handles).
+const HEADER_OVERHEAD: usize = 80;
 
 impl CachedResponse {
     /// How long past its TTL the entry is at `now`: `None` while it is fresh.
     pub fn staleness(&self, now: Instant) -> Option<Duration> {
-        let age = now.saturating_duration_since(self.stored_at);
-        let ttl = self.ttl.unwrap_or(Duration::ZERO);
+        let age = self.stored_at.age(now);
+        let ttl = self.meta.ttl.unwrap_or(Duration::ZERO);
         (age >= ttl).then(|| age - ttl)
     }
 
     /// Its age in whole seconds at `now`, for the `Age` header.
     pub fn age_secs(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.stored_at).as_secs()
+        self.stored_at.age(now).as_secs()
+    }
+
+    /// Whether it may be stored at all.
+    pub fn storable(&self) -> bool {
+        self.meta.ttl.is_some()
+    }
+
+    /// The bytes this answer holds that are its own: the body, and its meta unless
+    /// that is shared by its route. (The cache adds its own per-entry overhead.)
+    pub fn own_bytes(&self) -> usize {
+        let meta = if self.meta.shared {
+            0
+        } else {
+            self.meta.own_bytes()
+        };
+        self.body.len() + meta
+    }
+}
+
+/// A moment, in 8 bytes instead of an `Instant`'s 16: nanoseconds since the first
+/// stamp this process made (good for 584 years).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp(u64);
+
+/// The moment stamps count from.
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+impl Stamp {
+    /// Now.
+    pub fn now() -> Stamp {
+        Stamp::at(Instant::now())
+    }
+
+    /// `at`, which must not be before the first stamp (it saturates to it).
+    pub fn at(at: Instant) -> Stamp {
+        let since = at.saturating_duration_since(*EPOCH).as_nanos();
+        Stamp(u64::try_from(since).unwrap_or(u64::MAX))
+    }
+
+    /// How long before `now` this was (zero if it is later).
+    pub fn age(self, now: Instant) -> Duration {
+        Stamp::at(now)
+            .0
+            .checked_sub(self.0)
+            .map_or(Duration::ZERO, Duration::from_nanos)
     }
 }
 

@@ -2,14 +2,13 @@
 //! row found becomes a JSON object.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, StatusCode};
+use http::StatusCode;
 
 use super::guard::OriginGuard;
-use super::{CachedResponse, Fetched, OriginError, Validators};
-use crate::config::StaleWindows;
+use super::{CachedResponse, Fetched, OriginError, ResponseMeta, Stamp};
 use crate::db::{Db, KeyParam};
 use crate::key::OwnedKey;
 
@@ -21,10 +20,9 @@ pub struct SqlOrigin {
     pub query: Arc<str>,
     /// Limit on the whole lookup, pool wait included.
     pub timeout: Duration,
-    /// Positive TTL for what it finds.
-    pub ttl: Duration,
-    /// How long past the TTL what it finds may be served.
-    pub stale: StaleWindows,
+    /// What every answer it finds carries (its TTL, a JSON content type, the route's
+    /// stale windows), shared by all of them: see [`ResponseMeta::json_rows`].
+    pub answer: Arc<ResponseMeta>,
     /// The database's breaker and concurrency bound, shared by its routes.
     pub guard: Arc<OriginGuard>,
 }
@@ -49,15 +47,14 @@ impl SqlOrigin {
         match row {
             None => Ok(Fetched::NotFound),
             Some(map) => Ok(Fetched::Found(CachedResponse {
+                // A buffer exactly as long as the text, since it stays as long as the
+                // entry: serialising leaves room to spare, and shrinking it in place
+                // leaves the rest of its block unused.
+                body: Bytes::copy_from_slice(&serde_json::to_vec(&map)?),
+                stored_at: Stamp::now(),
+                meta: Arc::clone(&self.answer),
                 status: StatusCode::OK,
-                content_type: Some(HeaderValue::from_static("application/json")),
-                body: Bytes::from(serde_json::to_vec(&map)?),
-                ttl: Some(self.ttl),
-                validators: Validators::default(),
-                headers: None,
                 with_credentials: false,
-                stored_at: Instant::now(),
-                stale: self.stale,
             })),
         }
     }

@@ -2,7 +2,7 @@
 //! route's pattern; HTTP caching rules decide how long its answer may be kept.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::header::{
     CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, EXPIRES, HOST, HeaderName,
@@ -14,7 +14,9 @@ use http_body_util::{BodyExt, Either, Empty, Limited};
 use super::client::{Upstream, UpstreamError};
 use super::guard::OriginGuard;
 use super::http_cache;
-use super::{CachedResponse, Fetched, MAX_CACHED_BODY, OriginError, Validators, Variant};
+use super::{
+    CachedResponse, Fetched, MAX_CACHED_BODY, OriginError, ResponseMeta, Stamp, Validators, Variant,
+};
 use crate::config::StaleWindows;
 use crate::key::{KeyBytes, OwnedKey};
 use crate::pipeline::route::PathPattern;
@@ -91,18 +93,21 @@ impl UpstreamOrigin {
         .map_err(OriginError::UpstreamBody)?
         .to_bytes();
         Ok(Fetched::Found(CachedResponse {
-            status,
-            content_type,
             body,
-            ttl: storage.ttl,
-            validators: Validators {
-                etag,
-                last_modified,
-            },
-            headers: replayed,
+            stored_at: Stamp::now(),
+            meta: Arc::new(ResponseMeta {
+                ttl: storage.ttl,
+                content_type,
+                validators: Validators {
+                    etag,
+                    last_modified,
+                },
+                headers: replayed,
+                stale: storage.stale,
+                shared: false,
+            }),
+            status,
             with_credentials: storage.with_credentials,
-            stored_at: Instant::now(),
-            stale: storage.stale,
         }))
     }
 }
@@ -110,7 +115,7 @@ impl UpstreamOrigin {
 /// End-to-end headers of an upstream answer that are replayed with it. The freshness
 /// headers of a stored answer are not: they described the answer when it was fetched,
 /// and a client would take them as fresh from the moment of replay.
-fn replayed_headers(headers: &HeaderMap, stored: bool) -> Option<Arc<[(HeaderName, HeaderValue)]>> {
+fn replayed_headers(headers: &HeaderMap, stored: bool) -> Box<[(HeaderName, HeaderValue)]> {
     let mut names = vec![CONTENT_ENCODING, CONTENT_LANGUAGE, VARY];
     if !stored {
         names.extend([CACHE_CONTROL, EXPIRES]);
@@ -125,5 +130,5 @@ fn replayed_headers(headers: &HeaderMap, stored: bool) -> Option<Arc<[(HeaderNam
                 .collect::<Vec<_>>()
         })
         .collect();
-    (!kept.is_empty()).then(|| Arc::from(kept))
+    kept.into_boxed_slice()
 }

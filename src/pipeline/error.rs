@@ -231,7 +231,7 @@ mod tests {
     use crate::metrics::OriginFamilies;
     use crate::origin::client::Upstream;
     use crate::origin::guard::OriginGuard;
-    use crate::origin::{Origin, SqlOrigin};
+    use crate::origin::{Origin, ResponseMeta, SqlOrigin};
 
     fn test_guard() -> Arc<OriginGuard> {
         let families =
@@ -294,8 +294,7 @@ mod tests {
             db,
             query: Arc::from("SELECT * FROM no_such_table WHERE id = ?"),
             timeout: Duration::from_secs(10),
-            ttl: Duration::from_secs(60),
-            stale: StaleWindows::default(),
+            answer: ResponseMeta::json_rows(Duration::from_secs(60), StaleWindows::default()),
             guard: test_guard(),
         });
         let Err(failed) = origin.fetch(&OwnedKey::Int(1), None).await else {

@@ -573,7 +573,7 @@ impl Pipeline {
         let now = Instant::now();
         let past = stale.as_ref().and_then(|s| s.staleness(now));
         if let (Some(entry), Some(past)) = (&stale, past)
-            && past < entry.stale.while_revalidate
+            && past < entry.meta.stale.while_revalidate
         {
             // Within stale-while-revalidate: answer now, refresh behind.
             self.revalidate_in_background(route, cache_key);
@@ -625,7 +625,7 @@ impl Pipeline {
             self.cache.load(cache_key.clone(), negative, fetch).await
         };
         if let (Loaded::Failed { error, .. }, Some(entry), Some(past)) = (&loaded, &stale, past)
-            && past < entry.stale.if_error
+            && past < entry.meta.stale.if_error
         {
             // Within stale-if-error: the copy beats an error.
             tracing::debug!(route = %route.label, key = %cache_key.key, error = %error,

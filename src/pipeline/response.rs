@@ -50,10 +50,11 @@ pub(super) fn replay_stale(
 }
 
 pub(super) fn replay(cached: CachedResponse, request: &HeaderMap) -> Response<ProxyBody> {
+    let meta = &*cached.meta;
     let Validators {
         etag,
         last_modified,
-    } = cached.validators;
+    } = &meta.validators;
     let conditional = (etag.is_some() || last_modified.is_some())
         && http_cache::not_modified(request, etag.as_ref(), last_modified.as_ref());
     let mut resp = if conditional {
@@ -63,19 +64,19 @@ pub(super) fn replay(cached: CachedResponse, request: &HeaderMap) -> Response<Pr
     } else {
         let mut r = Response::new(Either::Left(Full::new(cached.body)));
         *r.status_mut() = cached.status;
-        if let Some(ct) = cached.content_type {
-            r.headers_mut().insert(CONTENT_TYPE, ct);
+        if let Some(ct) = &meta.content_type {
+            r.headers_mut().insert(CONTENT_TYPE, ct.clone());
         }
         r
     };
     let headers = resp.headers_mut();
     if let Some(v) = etag {
-        headers.insert(ETAG, v);
+        headers.insert(ETAG, v.clone());
     }
     if let Some(v) = last_modified {
-        headers.insert(LAST_MODIFIED, v);
+        headers.insert(LAST_MODIFIED, v.clone());
     }
-    for (name, value) in cached.headers.iter().flat_map(|h| h.iter()) {
+    for (name, value) in meta.headers.iter() {
         headers.append(name.clone(), value.clone());
     }
     resp

@@ -53,6 +53,8 @@ pub fn changed(old: &Config, new: &Config) -> Vec<String> {
     );
     same!(cache.max_entries);
     same!(cache.negative_max_entries);
+    same!(cache.max_bytes);
+    same!(cache.negative_max_bytes);
     same!(log);
     same!(fleet);
     same!(false_positive_budget);
@@ -109,7 +111,7 @@ mod tests {
         if let Some(d) = &mut moved.database {
             d.max_connections = 99;
         }
-        moved.cache.max_entries = 5;
+        moved.cache.max_entries = Some(5);
         assert_eq!(
             changed(&base, &moved),
             [

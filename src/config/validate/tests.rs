@@ -167,7 +167,12 @@ const MISTAKES: &[Mistake] = &[
             u.max_in_flight = Some(0);
         }
     }),
-    ("cache.max_entries", |c| c.cache.max_entries = 0),
+    ("cache.max_entries", |c| c.cache.max_entries = Some(0)),
+    ("cache.max_bytes", |c| c.cache.max_bytes = Some(1000)),
+    ("cache.negative_max_bytes", |c| {
+        c.cache.negative_max_bytes = Some(65_535)
+    }),
+    ("server.workers", |c| c.server.workers = 1025),
     ("cache.ttl", |c| c.cache.ttl = Duration::ZERO),
     ("cache.negative_ttl", |c| {
         c.cache.negative_ttl = Duration::ZERO
