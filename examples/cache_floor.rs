@@ -27,6 +27,11 @@ use http::StatusCode;
 use moka::Expiry;
 use moka::future::Cache;
 
+/// The allocator the `bloomgate` binary runs on, so that the floor and the entry are
+/// measured as it holds them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if let Some(mode) = args.get(1).filter(|a| a.starts_with("--child=")) {

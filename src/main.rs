@@ -15,6 +15,11 @@ use cli::demo::{self, DemoOptions};
 use prometheus::Registry;
 use tracing_subscriber::EnvFilter;
 
+/// Cached entries live for minutes between buffers that live for one request; glibc's
+/// malloc lets the one pin the other's pages (docs/BENCHMARKS.md, Memory).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A caching reverse proxy with a Bloom gate against cache penetration.
 #[derive(Parser)]
 #[command(version, about)]
