@@ -23,11 +23,15 @@ const ERRORS: &str = "bloomgate_audit_checks_total{result=\"error\",route=\"prod
 const FALSE_NEGATIVES: &str = "bloomgate_audit_false_negatives_total{route=\"products\"}";
 const SYNC_LAG: &str = "bloomgate_audit_sync_lag_total{route=\"products\"}";
 const PENDING: &str = "bloomgate_audit_pending";
+const CAPACITY_REBUILDS: &str = "bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}";
 const SYNC_POLLS: &str = "bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}";
 
-/// Every refusal sampled, with room for all of this test's.
+/// Every refusal sampled, with room for all of this test's. The filter has room for the
+/// keys the tests add and heal: past its capacity a rebuild would scan the table, hidden
+/// rows included, and take the refusals away from the audit.
 fn config(db_url: &str) -> String {
     TestConfig::new(db_url)
+        .expected_items(PRODUCTS * 2)
         .database("acquire_timeout = \"10s\"")
         .false_positive_rate(0.0001)
         .sync_query(SYNC_QUERY)
@@ -75,9 +79,12 @@ async fn wait_polls(proxy: &TestProxy, n: f64) {
     .await;
 }
 
+/// Products in the database.
+const PRODUCTS: u64 = 1_000;
+
 /// A database of 1,000 products and a proxy over it, ready, past its first sync poll.
 async fn start(server: &str) -> (TestDb, TestProxy) {
-    let db = TestDb::create(server, 1_000).await;
+    let db = TestDb::create(server, PRODUCTS).await;
     let proxy = TestProxy::spawn_ready(&config(&db.url)).await;
     wait_polls(&proxy, 1.0).await;
     (db, proxy)
@@ -139,6 +146,11 @@ async fn hidden_keys_are_found_healed_and_counted_once_sync_has_covered_their_re
     // More polls change nothing: each key was counted once.
     wait_polls(&proxy, 3.0).await;
     assert_eq!(value(&proxy, FALSE_NEGATIVES).await, 5.0);
+    assert_eq!(
+        value(&proxy, CAPACITY_REBUILDS).await,
+        0.0,
+        "no rebuild scanned the table"
+    );
     assert_eq!(value(&proxy, ERRORS).await, 0.0);
     let refusals = value(
         &proxy,
