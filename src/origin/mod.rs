@@ -108,8 +108,9 @@ impl ResponseMeta {
     }
 }
 
-/// Bytes of a stored header pair beyond its name and value (two `Bytes` handles).
-const HEADER_OVERHEAD: usize = 80;
+/// Bytes of a stored header pair beyond its name and value (two `Bytes` handles), as
+/// the cache's byte bound counts it.
+pub const HEADER_OVERHEAD: usize = 80;
 
 impl CachedResponse {
     /// How long past its TTL the entry is at `now`: `None` while it is fresh.
