@@ -104,12 +104,40 @@ impl AccessLog {
 }
 
 /// `time client "method path" status outcome route bytes duration_ms`.
+///
+/// The request target is the client's to spell: `"`, `\` and bytes outside printable
+/// ASCII (the URI parser lets `"` and UTF-8 through) are written as `\xHH`, so that a
+/// line always has its nine fields and a crafted path cannot forge another.
 fn text_line(e: &Entry<'_>) -> String {
-    let bytes = e.bytes.map_or_else(|| "-".to_owned(), |b| b.to_string());
-    format!(
-        "{} {} \"{} {}\" {} {} {} {} {:.3}",
-        e.time, e.client, e.method, e.path, e.status, e.outcome, e.route, bytes, e.duration_ms
-    )
+    use std::fmt::Write as _;
+    let mut line = String::with_capacity(96 + e.path.len());
+    let _ = write!(line, "{} {} \"", e.time, e.client);
+    escape_into(&mut line, e.method);
+    line.push(' ');
+    escape_into(&mut line, e.path);
+    let _ = write!(line, "\" {} {} ", e.status, e.outcome);
+    escape_into(&mut line, e.route);
+    match e.bytes {
+        Some(b) => {
+            let _ = write!(line, " {b}");
+        }
+        None => line.push_str(" -"),
+    }
+    let _ = write!(line, " {:.3}", e.duration_ms);
+    line
+}
+
+/// Appends `text` with `"`, `\`, space and every byte outside printable ASCII written as
+/// `\xHH`.
+fn escape_into(line: &mut String, text: &str) {
+    use std::fmt::Write as _;
+    for &b in text.as_bytes() {
+        if b.is_ascii_graphic() && b != b'"' && b != b'\\' {
+            line.push(char::from(b));
+        } else {
+            let _ = write!(line, "\\x{b:02X}");
+        }
+    }
 }
 
 /// The current time for [`Entry::time`].
@@ -233,4 +261,74 @@ async fn write_loop(mut sink: Sink, mut queue: mpsc::Receiver<String>, written: 
         }
     }
     let _ = sink.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn entry(method: &str, path: &str, route: &str) -> String {
+        text_line(&Entry {
+            time: "2026-12-04T00:00:00.000Z".to_owned(),
+            client: IpAddr::from([127, 0, 0, 1]),
+            method,
+            path,
+            status: 404,
+            outcome: "intercepted",
+            route,
+            bytes: Some(12),
+            duration_ms: 0.25,
+        })
+    }
+
+    /// The inverse of [`escape_into`].
+    fn unescape(field: &str) -> Vec<u8> {
+        let b = field.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'\\' {
+                let hex = std::str::from_utf8(&b[i + 2..i + 4]).expect("hex");
+                out.push(u8::from_str_radix(hex, 16).expect("hex"));
+                i += 4;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_plain_request_reads_as_written() {
+        assert_eq!(
+            entry("GET", "/api/products/1?x=1", "products"),
+            "2026-12-04T00:00:00.000Z 127.0.0.1 \"GET /api/products/1?x=1\" 404 intercepted products 12 0.250"
+        );
+    }
+
+    #[test]
+    fn a_quote_in_the_target_cannot_forge_fields() {
+        let line = entry("GET", "/a\" 200 hit other 1 0.1 \"", "products");
+        assert_eq!(line.split(' ').count(), 9, "{line}");
+        assert!(line.contains("/a\\x22\\x20200"), "{line}");
+    }
+
+    proptest! {
+        /// Whatever the target holds, a line has nine space-separated fields, one pair of
+        /// quotes, no control character, and the target reads back as it was.
+        #[test]
+        fn every_target_keeps_the_line_whole(path in any::<String>(), method in "[A-Z]{1,8}") {
+            let line = entry(&method, &path, "products");
+            let fields: Vec<&str> = line.split(' ').collect();
+            prop_assert_eq!(fields.len(), 9, "{}", line);
+            prop_assert_eq!(line.matches('"').count(), 2, "{}", line);
+            prop_assert!(line.bytes().all(|b| b.is_ascii_graphic() || b == b' '), "{}", line);
+            prop_assert_eq!(fields[2], format!("\"{method}"));
+            let target = fields[3].strip_suffix('"').expect("closing quote");
+            prop_assert_eq!(unescape(target), path.as_bytes().to_vec());
+            prop_assert_eq!(fields[5], "intercepted");
+        }
+    }
 }
