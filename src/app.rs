@@ -137,12 +137,14 @@ impl DataSockets {
 impl Handler for DataPlane {
     type Body = ProxyBody;
 
-    async fn call(
+    // Not `async`: the pipeline's future is returned as it is, with no level around it
+    // that would keep another copy of the request (see `Pipeline::handle`).
+    fn call(
         &self,
         req: http::Request<Incoming>,
         peer: SocketAddr,
-    ) -> http::Response<ProxyBody> {
-        self.0.handle(req, peer).await
+    ) -> impl Future<Output = http::Response<ProxyBody>> + Send {
+        self.0.handle(req, peer)
     }
 }
 

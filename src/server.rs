@@ -144,12 +144,27 @@ type ServedBody<B> = Either<Full<Bytes>, B>;
 
 /// What every connection of a listener shares.
 struct Listener<H> {
+    /// Shared by every listener of the plane (the pipeline and its state are one).
     handler: Arc<H>,
     options: ServeOptions,
     transport: Transport,
     http1: hyper::server::conn::http1::Builder,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
     name: &'static str,
+}
+
+// By hand: a derived `Clone` would ask `H: Clone`, where only the `Arc` is cloned.
+impl<H> Clone for Listener<H> {
+    fn clone(&self) -> Self {
+        Listener {
+            handler: Arc::clone(&self.handler),
+            options: self.options,
+            transport: self.transport.clone(),
+            http1: self.http1.clone(),
+            http2: self.http2.clone(),
+            name: self.name,
+        }
+    }
 }
 
 /// The bound on a plane's open connections, shared by all of its listeners: one

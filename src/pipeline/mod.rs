@@ -14,11 +14,14 @@ pub mod response;
 pub mod route;
 pub mod write_through;
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use futures_util::FutureExt;
+use futures_util::future::Either;
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
@@ -217,10 +220,22 @@ impl Pipeline {
     }
 
     /// Answers one request.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    ///
+    /// A plain function rather than an `async fn`: every async level keeps its own copy
+    /// of the request (264 bytes) in its future, and hyper moves each request's future
+    /// into place, so the levels above [`Pipeline::serve`] add as little as they can.
+    pub fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + '_ {
         match &self.edge.access_log {
-            Some(log) if log.sampled() => self.handle_logged(log, req, peer).await,
-            _ => self.serve(req, peer).await.0,
+            // Boxed, as the pass-through in `serve`: a future is as large as its largest
+            // branch, and most requests are not logged.
+            Some(log) if log.sampled() => {
+                Either::Left(Box::pin(self.handle_logged(log, req, peer)))
+            }
+            _ => Either::Right(self.serve(req, peer).map(|(resp, _, _)| resp)),
         }
     }
 
@@ -278,6 +293,20 @@ impl Pipeline {
                 Routing::Pass => {}
             }
         }
+        // Boxed: hyper's client exchange makes this future several times the size of a
+        // refusal's or a cache hit's, and every request's future is moved whole.
+        let bypass = Box::pin(self.bypass(req, peer, show));
+        (bypass.await, "bypass", None)
+    }
+
+    /// Passes a request no guarded route answers through to the upstream, then applies a
+    /// write-through rule that matches it.
+    async fn bypass(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        show: bool,
+    ) -> Response<ProxyBody> {
         let write = write_through::matching(&self.write_through, &req);
         let mut resp = passthrough::forward(
             self.upstream.as_deref(),
@@ -291,11 +320,10 @@ impl Pipeline {
         if !show {
             resp.headers_mut().remove(X_BLOOMGATE);
         }
-        let resp = match write {
+        match write {
             Some((rule, segment)) => rule.apply(resp, segment).await,
             None => resp,
-        };
-        (resp, "bypass", None)
+        }
     }
 
     /// Answers a GET for `uri` if a guarded route matches it, without a socket (the same

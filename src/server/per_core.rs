@@ -55,7 +55,11 @@ pub async fn serve_per_core<H: Handler>(
     let mut done = Vec::with_capacity(listeners.len());
     for (i, std_listener) in listeners.into_iter().enumerate() {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (shared, slots, shutdown) = (Arc::clone(&shared), slots.clone(), shutdown.clone());
+        // A listener of its own per thread: each request clones it (its `Arc` is the
+        // request's hold on the handler), and one shared count would bounce its cache
+        // line between the cores on every request.
+        let shared = Arc::new(Listener::clone(&shared));
+        let (slots, shutdown) = (slots.clone(), shutdown.clone());
         let worker = move || {
             crate::serving::enter(i);
             let runtime = tokio::runtime::Builder::new_current_thread()
