@@ -57,13 +57,19 @@ fn a_signal_to_scripts_mariadb_stops_its_command_what_that_started_and_the_serve
             }
         }
     });
+    let mut said = Vec::new();
     let (server, data) = loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(120))
-            .expect("scripts/mariadb started MariaDB within 120 s");
+        let line = match lines.recv_timeout(Duration::from_secs(120)) {
+            Ok(line) => line,
+            Err(e) => panic!(
+                "scripts/mariadb did not start MariaDB within 120 s ({e}); it said:\n{}",
+                said.join("\n")
+            ),
+        };
         if let Some(found) = server_of(&line) {
             break found;
         }
+        said.push(line);
     };
     assert!(process_alive(server), "mariadbd {server}");
     assert!(data.is_dir(), "{}", data.display());
