@@ -307,34 +307,12 @@ async fn connection<H: Handler>(
         .map(ConnectionMetrics::open);
     let options = shared.options;
     let name = shared.name;
+    // The TLS and HTTP/2 paths are boxed: this future is the connection's task, kept for
+    // as long as the connection is open, and inlined they made a cleartext HTTP/1.1
+    // connection's task 10 KB (docs/BENCHMARKS.md).
     if let Some(tls) = &shared.transport.tls {
-        let handshake =
-            tokio::time::timeout(options.header_read_timeout, tls.acceptor().accept(stream));
-        let handshake = tokio::select! {
-            done = handshake => done,
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        };
-        let stream = match handshake {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
-                // Scanners and old clients fail handshakes all day: debug, and counted.
-                shared.handshake_failed(HandshakeFailure::Error);
-                tracing::debug!(listener = name, %peer, error = %e, "TLS handshake failed");
-                return;
-            }
-            Err(_) => {
-                shared.handshake_failed(HandshakeFailure::Timeout);
-                tracing::debug!(listener = name, %peer, "TLS handshake timed out");
-                return;
-            }
-        };
-        let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
-        let io = TokioIo::new(stream);
-        if h2 && options.http2 {
-            serve_http2(&shared, io, peer, Protocol::H2, true, shutdown).await;
-        } else {
-            serve_http1(&shared, io, peer, true, shutdown).await;
-        }
+        let served = Box::pin(serve_tls(&shared, Arc::clone(tls), stream, peer, shutdown));
+        served.await;
         return;
     }
     if !options.http2 {
@@ -347,15 +325,15 @@ async fn connection<H: Handler>(
     };
     match sniffed {
         Ok(Ok((Spoken::Http2, io))) => {
-            serve_http2(
+            let served = Box::pin(serve_http2(
                 &shared,
                 TokioIo::new(io),
                 peer,
                 Protocol::H2c,
                 false,
                 shutdown,
-            )
-            .await;
+            ));
+            served.await;
         }
         Ok(Ok((Spoken::Http1, io))) => {
             serve_http1(&shared, TokioIo::new(io), peer, false, shutdown).await;
@@ -396,6 +374,45 @@ impl<H: Handler> Listener<H> {
         if let Some(m) = &self.transport.metrics {
             m.served(info.protocol.as_str(), info.tls);
         }
+    }
+}
+
+/// A TLS connection: the handshake (bounded by `header_read_timeout`), then HTTP/2 or
+/// HTTP/1.1 as ALPN chose.
+async fn serve_tls<H: Handler>(
+    shared: &Arc<Listener<H>>,
+    tls: Arc<Tls>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (options, name) = (shared.options, shared.name);
+    let handshake =
+        tokio::time::timeout(options.header_read_timeout, tls.acceptor().accept(stream));
+    let handshake = tokio::select! {
+        done = handshake => done,
+        _ = shutdown.wait_for(|stop| *stop) => return,
+    };
+    let stream = match handshake {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            // Scanners and old clients fail handshakes all day: debug, and counted.
+            shared.handshake_failed(HandshakeFailure::Error);
+            tracing::debug!(listener = name, %peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            shared.handshake_failed(HandshakeFailure::Timeout);
+            tracing::debug!(listener = name, %peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
+    let io = TokioIo::new(stream);
+    if h2 && options.http2 {
+        serve_http2(shared, io, peer, Protocol::H2, true, shutdown).await;
+    } else {
+        serve_http1(shared, io, peer, true, shutdown).await;
     }
 }
 
