@@ -271,6 +271,7 @@ async fn accept_loop<H: Handler>(
     let open = |slots: &Semaphore| limit - slots.available_permits();
     tracing::info!(
         listener = name,
+        thread,
         open_connections = open(&mine),
         "stopped accepting; draining"
     );

@@ -176,6 +176,9 @@ async fn sigint_finishes_the_in_flight_request_then_exits_0() {
     let config = TestConfig::new(&db.url)
         .server("listen = \"127.0.0.1:0\"")
         .server("shutdown_grace = \"10s\"")
+        // Two serving threads, each with a listener of its own: both must have stopped
+        // accepting before a new connection is sure to be refused.
+        .server("workers = 2")
         .admin("listen = \"127.0.0.1:0\"")
         .upstream(&stub.url())
         .expected_items(100)
@@ -202,10 +205,19 @@ async fn sigint_finishes_the_in_flight_request_then_exits_0() {
     assert_eq!(seen, key);
 
     bin.signal("INT");
-    bin.wait_for_log("the data plane draining", Duration::from_secs(10), |l| {
-        message(l) == "stopped accepting; draining" && l["fields"]["listener"] == "data"
-    })
-    .await;
+    let draining = bin
+        .wait_for_logs(
+            "every data listener draining",
+            2,
+            Duration::from_secs(10),
+            |l| message(l) == "stopped accepting; draining" && l["fields"]["listener"] == "data",
+        )
+        .await;
+    let threads: BTreeSet<&str> = draining
+        .iter()
+        .filter_map(|l| l["fields"]["thread"].as_str())
+        .collect();
+    assert_eq!(threads, BTreeSet::from(["0", "1"]), "{draining:#?}");
     assert!(
         tokio::net::TcpStream::connect(bin.data).await.is_err(),
         "new connections are refused once draining"
