@@ -312,7 +312,7 @@ async fn connection<H: Handler>(
     // as long as the connection is open, and inlined they made a cleartext HTTP/1.1
     // connection's task 10 KB (docs/BENCHMARKS.md).
     if let Some(tls) = &shared.transport.tls {
-        let served = Box::pin(serve_tls(&shared, Arc::clone(tls), stream, peer, shutdown));
+        let served = Box::pin(serve_tls(&shared, tls, stream, peer, shutdown));
         served.await;
         return;
     }
@@ -382,7 +382,7 @@ impl<H: Handler> Listener<H> {
 /// HTTP/1.1 as ALPN chose.
 async fn serve_tls<H: Handler>(
     shared: &Arc<Listener<H>>,
-    tls: Arc<Tls>,
+    tls: &Tls,
     stream: TcpStream,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,

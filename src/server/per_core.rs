@@ -51,14 +51,14 @@ pub async fn serve_per_core<H: Handler>(
     name: &'static str,
 ) -> usize {
     let slots = ConnectionSlots::new(options.max_connections);
-    let shared = Arc::new(Listener::new(handler, options, transport, name));
+    let shared = Listener::new(handler, options, transport, name);
     let mut done = Vec::with_capacity(listeners.len());
     for (i, std_listener) in listeners.into_iter().enumerate() {
         let (tx, rx) = tokio::sync::oneshot::channel();
         // A listener of its own per thread: each request clones it (its `Arc` is the
         // request's hold on the handler), and one shared count would bounce its cache
         // line between the cores on every request.
-        let shared = Arc::new(Listener::clone(&shared));
+        let shared = Arc::new(shared.clone());
         let (slots, shutdown) = (slots.clone(), shutdown.clone());
         let worker = move || {
             crate::serving::enter(i);
