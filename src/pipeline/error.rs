@@ -374,7 +374,7 @@ mod tests {
         let chain = causes(&err);
         assert!(
             chain.iter().any(|c| c
-                .downcast_ref::<hyper_util::client::legacy::Error>()
+                .downcast_ref::<crate::origin::pool::ExchangeError>()
                 .is_some()),
             "{chain:?}"
         );

@@ -5,7 +5,10 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderName, VIA};
+use http::header::{
+    CONNECTION, CONTENT_LENGTH, HOST, HeaderName, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE,
+    TRAILER, TRANSFER_ENCODING, UPGRADE, VIA,
+};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, Version};
 use http_body_util::Either;
@@ -23,16 +26,18 @@ use crate::server::ConnectionInfo;
 const VIA_VALUE: &str = "1.1 bloomgate";
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1, plus the
-/// legacy ones proxies still see).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
+/// legacy ones proxies still see), and `Transfer-Encoding`, whose framing hyper decides
+/// again for the next hop.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+    TE,
+    TRAILER,
+    UPGRADE,
+    TRANSFER_ENCODING,
 ];
 
 /// Forwards `req` to the upstream and streams the answer back. `trusted` are the
@@ -82,7 +87,7 @@ async fn forward_inner(
         .is_some_and(|c| c.tls);
     let (mut parts, body) = req.into_parts();
     host_from_absolute_target(&mut parts);
-    parts.uri = upstream.uri_for(parts.uri.path_and_query())?;
+    parts.uri = Upstream::target_for(std::mem::take(&mut parts.uri))?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded(&mut parts.headers, peer, trusted, tls);
@@ -99,6 +104,10 @@ async fn forward_inner(
 
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over their few names spares nine lookups.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -109,11 +118,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
-    // Framing is re-decided by hyper for the next hop.
-    headers.remove(http::header::TRANSFER_ENCODING);
 }
 
 /// Gives the upstream the Host the client's request was for.
@@ -183,6 +190,46 @@ mod tests {
         assert!(h.get("te").is_none());
         assert!(h.get(CONNECTION).is_none());
         assert_eq!(h.get("x-kept").map(|v| v.as_bytes()), Some(&b"1"[..]));
+    }
+
+    proptest::proptest! {
+        /// Whatever mix of hop-by-hop, Connection-named and end-to-end headers a message
+        /// carries, the first two kinds go and the last stays whole.
+        #[test]
+        fn only_hop_by_hop_headers_are_removed(
+            picks in proptest::collection::vec((0usize..14, 0usize..3), 0..12),
+            named in proptest::collection::vec(0usize..14, 0..4),
+        ) {
+            let pool: Vec<HeaderName> = HOP_BY_HOP
+                .iter()
+                .cloned()
+                .chain(["x-a", "x-b", "accept", "cookie", "x-c"].map(HeaderName::from_static))
+                .collect();
+            let mut h = HeaderMap::new();
+            for (i, v) in &picks {
+                h.append(pool[*i].clone(), HeaderValue::from(*v));
+            }
+            if !named.is_empty() {
+                let list: Vec<&str> = named.iter().map(|i| pool[*i].as_str()).collect();
+                let value = HeaderValue::from_str(&list.join(" , ")).expect("a token list");
+                h.append(CONNECTION, value);
+            }
+            let before = h.clone();
+            strip_hop_by_hop(&mut h);
+            let gone = |n: &HeaderName| {
+                HOP_BY_HOP.contains(n) || (!named.is_empty() && named.iter().any(|i| pool[*i] == n))
+            };
+            for name in before.keys() {
+                if gone(name) {
+                    proptest::prop_assert!(!h.contains_key(name), "{name} kept");
+                } else {
+                    let a: Vec<_> = before.get_all(name).iter().collect();
+                    let b: Vec<_> = h.get_all(name).iter().collect();
+                    proptest::prop_assert_eq!(a, b, "{} changed", name);
+                }
+            }
+            proptest::prop_assert!(h.keys().all(|n| before.contains_key(n)));
+        }
     }
 
     #[test]
