@@ -559,9 +559,8 @@ mod tests {
             origin.forward_headers,
             [HeaderName::from_static("accept-language")]
         );
-        assert_eq!(origin.upstream.authority().as_str(), "127.0.0.1:3000");
         let target = origin.upstream.uri_for_target("/x").expect("a URI");
-        assert_eq!(target.to_string(), "/x");
+        assert_eq!(target.to_string(), "http://127.0.0.1:3000/x");
     }
 
     #[tokio::test]

@@ -6,14 +6,15 @@ use std::error::Error as StdError;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::HOST;
-use http::uri::{Authority, PathAndQuery};
-use http::{HeaderValue, Request, Response, Uri};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
 use http_body_util::combinators::MapErr;
 use http_body_util::{BodyExt, Either, Empty, LengthLimitError, Limited};
 use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::pool::{ExchangeError, Pool, PooledBody};
 use crate::config::CompiledUpstream;
 use crate::serving;
 
@@ -50,10 +51,10 @@ pub enum UpstreamError {
     BodyTooLarge,
     /// The client's body could not be read while being forwarded (malformed or cut short).
     #[error("forwarding the request body failed: {0}")]
-    ClientBody(#[source] ExchangeError),
+    ClientBody(#[source] hyper_util::client::legacy::Error),
     /// Connecting or exchanging failed.
     #[error("upstream request failed: {0}")]
-    Request(#[source] ExchangeError),
+    Request(#[source] hyper_util::client::legacy::Error),
     /// The configured URL and request path do not form a URI.
     #[error("cannot build the upstream URI: {0}")]
     Uri(#[from] http::Error),
@@ -62,55 +63,64 @@ pub enum UpstreamError {
 /// The upstream API client: a keep-alive connection pool per serving thread, and one
 /// for every other thread (background refreshes on the shared runtime, the audit).
 ///
-/// A pooled connection is polled by the task that holds it (see [`pool`](super::pool)),
-/// so a passed-through request on a serving thread reads and writes its upstream
-/// connection on the thread that accepted it, as its client connection is. The cost: up
-/// to `pool_max_idle` idle connections per thread.
+/// A pooled connection is driven by a task on the runtime that opened it. Shared by
+/// every `per_core` serving thread, a request on one thread would often write and read
+/// through a connection driven by another, a cross-thread hand-off each way; with a pool
+/// per thread, a passed-through request stays on the thread that accepted it, as its
+/// client connection does. The cost: up to `pool_max_idle` idle connections per thread.
 pub struct Upstream {
-    /// Slots indexed by [`serving::thread`]; the last is for every other thread.
-    pool: Pool,
+    /// Indexed by [`serving::thread`]; the last is for every other thread.
+    clients: Box<[Client<HttpConnector, UpstreamBody>]>,
+    scheme: Scheme,
     authority: Authority,
-    host: HeaderValue,
     timeout: Duration,
 }
 
 impl Upstream {
-    /// Builds the connection pools (no connection is opened yet) for the
-    /// `http://host:port` that config compilation read: one for each of
+    /// Builds the clients and their connection pools (no connection is opened yet) for
+    /// the `http://host:port` that config compilation read: one for each of
     /// `serving_threads` and one for the rest.
     pub fn new(upstream: &CompiledUpstream, serving_threads: usize) -> Upstream {
         let config = &upstream.settings;
-        let authority = upstream.authority.clone();
-        // An authority is always a valid header value; the fallback is never used.
-        let host = HeaderValue::from_str(authority.as_str())
-            .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.timeout));
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let clients = (0..=serving_threads)
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(config.pool_idle_timeout)
+                    .pool_max_idle_per_host(config.pool_max_idle)
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .build(connector.clone())
+            })
+            .collect();
         Upstream {
-            pool: Pool::new(
-                authority.clone(),
-                serving_threads + 1,
-                config.pool_max_idle,
-                config.pool_idle_timeout,
-            ),
-            authority,
-            host,
+            clients,
+            scheme: Scheme::HTTP,
+            authority: upstream.authority.clone(),
             timeout: config.timeout,
         }
     }
 
-    /// The request target sent upstream for a request's URI: its path and query, in
-    /// origin form. A URI already in origin form (every HTTP/1.1 request but those in
-    /// absolute form) is kept as it is.
-    pub fn target_for(uri: Uri) -> Result<Uri, UpstreamError> {
-        if uri.scheme().is_none() && uri.authority().is_none() && uri.path().starts_with('/') {
-            return Ok(uri);
-        }
-        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        Ok(Uri::builder().path_and_query(pq).build()?)
+    /// The upstream URI for a request's path and query.
+    pub fn uri_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, UpstreamError> {
+        let pq = path_and_query.map_or("/", PathAndQuery::as_str);
+        Ok(Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()?)
     }
 
-    /// The request target (origin form) for a path and query built here.
+    /// The upstream URI for a request target built here (a path and query).
     pub fn uri_for_target(&self, target: &str) -> Result<Uri, UpstreamError> {
-        Ok(Uri::builder().path_and_query(target).build()?)
+        Ok(Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(target)
+            .build()?)
     }
 
     /// The upstream's `host:port`, for the Host header of origin fetches.
@@ -123,17 +133,19 @@ impl Upstream {
         self.timeout
     }
 
-    /// Sends a request (its URI in origin form; without a Host header it gets the
-    /// upstream's) and waits (bounded) for the response head.
+    /// The pool of the thread the caller runs on.
+    fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
+        let shared = self.clients.len() - 1;
+        let i = serving::thread().map_or(shared, |i| i.min(shared));
+        &self.clients[i]
+    }
+
+    /// Sends a request and waits (bounded) for the response head.
     pub async fn send(
         &self,
-        mut req: Request<UpstreamBody>,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
-        if !req.headers().contains_key(HOST) {
-            req.headers_mut().insert(HOST, self.host.clone());
-        }
-        let slot = serving::thread().unwrap_or(usize::MAX);
-        match tokio::time::timeout(self.timeout, self.pool.send(slot, req)).await {
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(self.timeout, self.client().request(req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(UpstreamError::BodyTooLarge),

@@ -7,7 +7,6 @@ pub mod breaker;
 pub mod client;
 pub mod guard;
 pub mod http_cache;
-pub mod pool;
 mod sql;
 mod upstream;
 

@@ -374,7 +374,7 @@ mod tests {
         let chain = causes(&err);
         assert!(
             chain.iter().any(|c| c
-                .downcast_ref::<crate::origin::pool::ExchangeError>()
+                .downcast_ref::<hyper_util::client::legacy::Error>()
                 .is_some()),
             "{chain:?}"
         );

@@ -6,14 +6,14 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, ETAG, HeaderName, LAST_MODIFIED};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
+use hyper::body::Incoming;
 
 use super::error::ProxyError;
 use crate::origin::http_cache;
-use crate::origin::pool::PooledBody;
 use crate::origin::{CachedResponse, Validators};
 
 /// Response bodies: a buffer we made, or the upstream's stream passed through.
-pub type ProxyBody = Either<Full<Bytes>, PooledBody>;
+pub type ProxyBody = Either<Full<Bytes>, Incoming>;
 
 /// The header that tells clients and tests which stage answered.
 pub const X_BLOOMGATE: HeaderName = HeaderName::from_static("x-bloomgate");
