@@ -468,17 +468,30 @@ impl BloomFilter {
     /// The block of a key and its `k` bit positions inside it.
     #[inline]
     fn probes(&self, key: &[u8]) -> (&Block, Probes) {
-        let (h1, h2) = murmur::murmur3_x64_128(key, self.seed);
-        // Lemire's reduction: the high 64 bits of h1 * blocks lie in 0..blocks.
-        let index = ((u128::from(h1) * self.blocks.len() as u128) >> 64) as usize;
-        let probes = Probes {
-            word: h2,
-            rest: h2,
-            left_in_word: PROBES_PER_WORD,
-            left: self.params.hashes,
-        };
-        (&self.blocks[index], probes)
+        let (index, probes) = locate(key, self.seed, self.blocks.len() as u64, self.params.hashes);
+        // `locate` returns an index below the block count it was given.
+        (&self.blocks[index as usize], probes)
     }
+}
+
+/// Where a key falls in a filter of `blocks` blocks with `hashes` probes under `seed`:
+/// the block's index (below `blocks`, for any `blocks` of at least 1) and the key's bit
+/// positions inside that block, each in `0..512`. This is the whole hash scheme, shared
+/// by the in-process filter and the copy held in Redis (`gate::redis_held`): position
+/// `p` of block `b` is bit `p % 8` (counting from the least significant) of byte
+/// `64 * b + p / 8` of the filter's bytes, the 64-bit words stored little-endian.
+#[inline]
+pub fn locate(key: &[u8], seed: u32, blocks: u64, hashes: u32) -> (u64, Probes) {
+    let (h1, h2) = murmur::murmur3_x64_128(key, seed);
+    // Lemire's reduction: the high 64 bits of h1 * blocks lie in 0..blocks.
+    let index = ((u128::from(h1) * u128::from(blocks.max(1))) >> 64) as u64;
+    let probes = Probes {
+        word: h2,
+        rest: h2,
+        left_in_word: PROBES_PER_WORD,
+        left: hashes,
+    };
+    (index, probes)
 }
 
 impl fmt::Debug for BloomFilter {
@@ -492,8 +505,9 @@ impl fmt::Debug for BloomFilter {
     }
 }
 
-/// The in-block bit positions of one key (see the module docs).
-struct Probes {
+/// The in-block bit positions of one key (see the module docs), from [`locate`].
+#[derive(Debug, Clone)]
+pub struct Probes {
     /// The whole hash word the current probes come from; the next word is `mix64` of it.
     word: u64,
     /// What is left of `word` once the probes taken so far are shifted out.

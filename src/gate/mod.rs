@@ -13,6 +13,7 @@
 pub mod admit;
 mod build;
 pub mod membership;
+pub mod redis_held;
 pub mod sync;
 
 use std::collections::HashSet;

@@ -1,0 +1,644 @@
+//! A filter held in Redis: the bits of one generation of a filter as Redis strings, a
+//! `current` record that names the generation and carries its layout (seed, size,
+//! hashes, sharding), and the two scripts that read and set a key's bits in one round
+//! trip each. Any client that can hash a key the way [`crate::filter::locate`] does can
+//! ask the same filter the same question (see `docs/redis-gate.md`).
+//!
+//! # Keys, under a prefix `P` (`NS:gate:F:` for namespace `NS` and filter `F`)
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `P` `current` | hash | `gen`, `seed`, `bits`, `hashes`, `shard_blocks`, `shards`, `items`, `at` |
+//! | `P` `gen_seq` | integer | the last generation number drawn |
+//! | `P` `gen:G:S` | string | shard `S` of generation `G`: blocks `S * shard_blocks ..` of the filter, 64 bytes each |
+//!
+//! A shard is written whole before `current` names its generation, and is never shorter
+//! than its blocks: a read that finds a shard empty has found a Redis that lost it, and
+//! says so ([`HeldError::Missing`]) rather than answer "absent".
+//!
+//! # Why the caller hashes
+//!
+//! Redis's Lua has no 64-bit integers, so murmur3 cannot run in the script. The caller
+//! computes the block and the in-block bit positions; the check script reads the block's
+//! 64 bytes with one `GETRANGE` and tests the positions; the add script sets them with
+//! `SETBIT`. Neither script computes a key name from anything but its `KEYS`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionLike;
+
+use crate::filter::{BLOCK_BITS, BloomFilter, MAX_BITS, MAX_OPTIMAL_HASHES, locate};
+
+/// The bytes of one block.
+const BLOCK_BYTES: u64 = BLOCK_BITS / 8;
+
+/// The most a Redis string holds by default (`proto-max-bulk-len`, 512 MB).
+pub const MAX_SHARD_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Shard size unless configured: half the most a Redis string may hold.
+pub const DEFAULT_SHARD_BYTES: u64 = MAX_SHARD_BYTES / 2;
+
+/// Bytes per `SETRANGE` when a generation is written.
+const UPLOAD_CHUNK: usize = 1 << 20;
+
+/// Chunks sent per round trip when a generation is written.
+const UPLOAD_PIPELINE: usize = 8;
+
+/// Reads the block at byte `ARGV[1]` of shard `KEYS[1]` and tests the bit positions
+/// `ARGV[2..]` (each 0..511: bit `p % 8`, least significant first, of byte `p / 8`).
+/// 1: every bit set (the key may be present); 0: some bit clear (certainly absent);
+/// -1: the shard is not there (Redis lost it: no answer).
+pub const CHECK_SCRIPT: &str = r"
+local block = redis.call('GETRANGE', KEYS[1], ARGV[1], ARGV[1] + 63)
+if #block < 64 then
+  return -1
+end
+for i = 2, #ARGV do
+  local p = tonumber(ARGV[i])
+  local byte = string.byte(block, math.floor(p / 8) + 1)
+  if bit.band(byte, bit.lshift(1, p % 8)) == 0 then
+    return 0
+  end
+end
+return 1
+";
+
+/// Sets the bit positions `ARGV[2..]` of the block at byte `ARGV[1]` of shard `KEYS[1]`,
+/// as [`CHECK_SCRIPT`] reads them (Redis numbers a string's bits from the most
+/// significant of each byte, hence `7 - p % 8`). Returns how many were newly set, or -1
+/// without writing anything when the shard is not there (a `SETBIT` on a missing key
+/// would create a short string that reads as "absent" for every other key).
+pub const ADD_SCRIPT: &str = r"
+if redis.call('STRLEN', KEYS[1]) < ARGV[1] + 64 then
+  return -1
+end
+local set = 0
+for i = 2, #ARGV do
+  local p = tonumber(ARGV[i])
+  local at = (ARGV[1] + math.floor(p / 8)) * 8 + 7 - p % 8
+  if redis.call('SETBIT', KEYS[1], at, 1) == 0 then
+    set = set + 1
+  end
+end
+return set
+";
+
+/// Makes a written generation current: checks that every shard is there and keeps it,
+/// records the layout, and sets the superseded generation's shards to expire after the
+/// grace period (readers that still hold its layout finish with it). 1 when done, -1 when
+/// a shard is missing (it expired during a slow upload, or Redis lost it).
+const FLIP_SCRIPT: &str = r"
+local prefix = ARGV[1]
+local gen = ARGV[2]
+for s = 0, tonumber(ARGV[7]) - 1 do
+  local shard = prefix .. 'gen:' .. gen .. ':' .. s
+  if redis.call('EXISTS', shard) == 0 then
+    return -1
+  end
+  redis.call('PERSIST', shard)
+end
+local old = redis.call('HMGET', KEYS[1], 'gen', 'shards')
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'gen', gen, 'seed', ARGV[3], 'bits', ARGV[4], 'hashes', ARGV[5],
+  'shard_blocks', ARGV[6], 'shards', ARGV[7], 'items', ARGV[8], 'at', ARGV[9])
+if old[1] and old[1] ~= gen and old[2] then
+  for s = 0, tonumber(old[2]) - 1 do
+    redis.call('PEXPIRE', prefix .. 'gen:' .. old[1] .. ':' .. s, ARGV[10])
+  end
+end
+return 1
+";
+
+/// Why a Redis-held filter could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum HeldError {
+    /// Redis failed or could not be reached.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Redis did not answer within the check timeout.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// A shard the layout names is not in Redis: it lost its data, or the generation
+    /// expired. No answer can be given from it.
+    #[error("shard {shard} of generation {generation} is not in redis")]
+    Missing {
+        /// The generation.
+        generation: u64,
+        /// The shard.
+        shard: u64,
+    },
+    /// A shard written for a new generation was gone when it was to be made current
+    /// (it expired during a slow upload, or Redis lost it); `current` was not changed.
+    #[error("a shard of generation {generation} vanished before it was made current")]
+    Vanished {
+        /// The generation that was not made current.
+        generation: u64,
+    },
+    /// The `current` record holds a field that cannot be read, or a layout no filter
+    /// can have.
+    #[error("the current record is malformed: {0}")]
+    BadRecord(String),
+    /// A shard size that is not a whole number of blocks, or larger than Redis allows.
+    #[error("shard size {0} is not a multiple of 64 bytes in 64..={MAX_SHARD_BYTES}")]
+    ShardSize(u64),
+}
+
+/// The key names of one filter held in Redis.
+#[derive(Debug, Clone)]
+pub struct HeldKeys {
+    prefix: String,
+}
+
+impl HeldKeys {
+    /// The keys of filter `filter` under namespace `namespace`.
+    pub fn new(namespace: &str, filter: &str) -> HeldKeys {
+        HeldKeys {
+            prefix: format!("{namespace}:gate:{filter}:"),
+        }
+    }
+
+    /// What every key of this filter starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The current generation's record.
+    pub fn current(&self) -> String {
+        format!("{}current", self.prefix)
+    }
+
+    /// The generation counter.
+    pub fn generation_seq(&self) -> String {
+        format!("{}gen_seq", self.prefix)
+    }
+
+    /// Shard `shard` of generation `generation`.
+    pub fn shard(&self, generation: u64, shard: u64) -> String {
+        format!("{}gen:{generation}:{shard}", self.prefix)
+    }
+}
+
+/// One generation's layout: everything a reader needs to find a key's bits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The generation number.
+    pub generation: u64,
+    /// The murmur3 seed of this generation. Whoever holds it can compute which absent
+    /// keys the filter lets through.
+    pub seed: u32,
+    /// Bits in the filter, a multiple of 512.
+    pub bits: u64,
+    /// Probes per key.
+    pub hashes: u32,
+    /// Blocks per shard (the last shard may hold fewer).
+    pub shard_blocks: u64,
+    /// Keys the filter held when the generation was written.
+    pub items: u64,
+}
+
+/// Where a key's bits are in Redis: one block of one shard, and the positions in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spot {
+    /// The shard index.
+    pub shard: u64,
+    /// The block's first byte within the shard.
+    pub offset: u64,
+    /// The in-block bit positions, `hashes` of them.
+    pub positions: Vec<u16>,
+}
+
+impl Layout {
+    /// The layout of `filter` written as generation `generation` in shards of
+    /// `shard_bytes`.
+    ///
+    /// # Errors
+    ///
+    /// [`HeldError::ShardSize`] unless `shard_bytes` is a multiple of 64 in
+    /// `64..=MAX_SHARD_BYTES`.
+    pub fn of(
+        filter: &BloomFilter,
+        generation: u64,
+        shard_bytes: u64,
+    ) -> Result<Layout, HeldError> {
+        if !(BLOCK_BYTES..=MAX_SHARD_BYTES).contains(&shard_bytes)
+            || !shard_bytes.is_multiple_of(BLOCK_BYTES)
+        {
+            return Err(HeldError::ShardSize(shard_bytes));
+        }
+        let params = filter.params();
+        Ok(Layout {
+            generation,
+            seed: filter.seed(),
+            bits: params.bits,
+            hashes: params.hashes,
+            shard_blocks: shard_bytes / BLOCK_BYTES,
+            items: filter.items(),
+        })
+    }
+
+    /// Blocks in the filter.
+    pub fn blocks(&self) -> u64 {
+        self.bits / BLOCK_BITS
+    }
+
+    /// Shards holding the filter.
+    pub fn shards(&self) -> u64 {
+        self.blocks().div_ceil(self.shard_blocks)
+    }
+
+    /// Where `key`'s bits are.
+    pub fn spot(&self, key: &[u8]) -> Spot {
+        let (block, probes) = locate(key, self.seed, self.blocks(), self.hashes);
+        Spot {
+            shard: block / self.shard_blocks,
+            offset: (block % self.shard_blocks) * BLOCK_BYTES,
+            // Positions are below 512.
+            positions: probes.map(|p| p as u16).collect(),
+        }
+    }
+
+    /// Reads a layout from the fields of a `current` record, refusing any that no
+    /// filter written here can have (the record is input: Redis may hold anything).
+    fn from_fields(fields: &HashMap<String, String>) -> Result<Layout, HeldError> {
+        let field = |name: &str| -> Result<u64, HeldError> {
+            fields
+                .get(name)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| {
+                    HeldError::BadRecord(format!("field {name} missing or not a number"))
+                })
+        };
+        let bad = |why: String| Err(HeldError::BadRecord(why));
+        let bits = field("bits")?;
+        let hashes = field("hashes")?;
+        let shard_blocks = field("shard_blocks")?;
+        let seed = field("seed")?;
+        if bits == 0 || bits > MAX_BITS || !bits.is_multiple_of(BLOCK_BITS) {
+            return bad(format!(
+                "bits {bits} is not a multiple of 512 in 512..={MAX_BITS}"
+            ));
+        }
+        if hashes == 0 || hashes > u64::from(MAX_OPTIMAL_HASHES) {
+            return bad(format!(
+                "hashes {hashes} is not in 1..={MAX_OPTIMAL_HASHES}"
+            ));
+        }
+        if shard_blocks == 0 || shard_blocks > MAX_SHARD_BYTES / BLOCK_BYTES {
+            return bad(format!("shard_blocks {shard_blocks} is out of range"));
+        }
+        let Ok(seed) = u32::try_from(seed) else {
+            return bad(format!("seed {seed} does not fit 32 bits"));
+        };
+        let layout = Layout {
+            generation: field("gen")?,
+            seed,
+            bits,
+            // Checked above to be at most 64.
+            hashes: hashes as u32,
+            shard_blocks,
+            items: field("items")?,
+        };
+        if field("shards")? != layout.shards() {
+            return bad(format!(
+                "shards {} does not match {bits} bits in shards of {shard_blocks} blocks",
+                field("shards")?
+            ));
+        }
+        Ok(layout)
+    }
+}
+
+/// What writing a generation needs besides the filter.
+#[derive(Debug, Clone, Copy)]
+pub struct Upload {
+    /// Bytes per shard (a multiple of 64, at most [`MAX_SHARD_BYTES`]).
+    pub shard_bytes: u64,
+    /// How long written shards live if their generation is never made current.
+    pub upload_ttl: Duration,
+    /// How long the superseded generation stays readable once the new one is current.
+    pub grace: Duration,
+}
+
+/// Writes `filter` into Redis as a new generation, shard by shard in pipelined batches,
+/// and makes it current; returns its layout. Readers see the old generation until the
+/// flip and the new one after it, never a part-written one.
+///
+/// # Errors
+///
+/// [`HeldError::ShardSize`] for a bad shard size, [`HeldError::Redis`] when a command
+/// fails, [`HeldError::Vanished`] when a written shard was gone at the flip.
+pub async fn publish<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &HeldKeys,
+    filter: &BloomFilter,
+    upload: Upload,
+) -> Result<Layout, HeldError> {
+    let generation: u64 = redis::cmd("INCR")
+        .arg(keys.generation_seq())
+        .query_async(conn)
+        .await?;
+    let layout = Layout::of(filter, generation, upload.shard_bytes)?;
+    let ttl_ms = millis(upload.upload_ttl);
+    let shard_len = (layout.shard_blocks * BLOCK_BYTES) as usize;
+    let mut words = filter.iter_words();
+    let mut chunk = Vec::with_capacity(UPLOAD_CHUNK.min(shard_len));
+    for shard in 0..layout.shards() {
+        let name = keys.shard(generation, shard);
+        let blocks = layout
+            .shard_blocks
+            .min(layout.blocks() - shard * layout.shard_blocks);
+        let len = (blocks * BLOCK_BYTES) as usize;
+        let mut pipe = redis::pipe();
+        let mut queued = 0;
+        let mut at = 0usize;
+        while at < len {
+            chunk.clear();
+            let take = UPLOAD_CHUNK.min(len - at);
+            for w in words.by_ref().take(take / 8) {
+                chunk.extend_from_slice(&w.to_le_bytes());
+            }
+            pipe.cmd("SETRANGE")
+                .arg(&name)
+                .arg(at)
+                .arg(&chunk[..])
+                .ignore();
+            if at == 0 {
+                pipe.cmd("PEXPIRE").arg(&name).arg(ttl_ms).ignore();
+            }
+            at += take;
+            queued += 1;
+            if queued == UPLOAD_PIPELINE {
+                pipe.query_async::<()>(conn).await?;
+                pipe = redis::pipe();
+                queued = 0;
+            }
+        }
+        if queued > 0 {
+            pipe.query_async::<()>(conn).await?;
+        }
+    }
+    let flipped: i64 = Script::new(FLIP_SCRIPT)
+        .key(keys.current())
+        .arg(keys.prefix())
+        .arg(generation)
+        .arg(layout.seed)
+        .arg(layout.bits)
+        .arg(layout.hashes)
+        .arg(layout.shard_blocks)
+        .arg(layout.shards())
+        .arg(layout.items)
+        .arg(crate::fleet::generation::unix_ms())
+        .arg(millis(upload.grace))
+        .invoke_async(conn)
+        .await?;
+    if flipped != 1 {
+        return Err(HeldError::Vanished { generation });
+    }
+    Ok(layout)
+}
+
+/// The layout of the current generation; `None` when none was published (or Redis lost
+/// it).
+///
+/// # Errors
+///
+/// [`HeldError::Redis`] when the read fails, [`HeldError::BadRecord`] for a record no
+/// filter can have.
+pub async fn current<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &HeldKeys,
+) -> Result<Option<Layout>, HeldError> {
+    let fields: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.current())
+        .query_async(conn)
+        .await?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    Layout::from_fields(&fields).map(Some)
+}
+
+/// The shard name and script arguments for `key` under `layout`.
+fn invocation<'s>(
+    keys: &HeldKeys,
+    layout: &Layout,
+    script: &'s Script,
+    key: &[u8],
+) -> (redis::ScriptInvocation<'s>, Spot) {
+    let spot = layout.spot(key);
+    let mut call = script.key(keys.shard(layout.generation, spot.shard));
+    call.arg(spot.offset);
+    for p in &spot.positions {
+        call.arg(*p);
+    }
+    (call, spot)
+}
+
+/// The scripts, hashed once.
+pub struct Scripts {
+    check: Script,
+    add: Script,
+}
+
+impl Scripts {
+    /// Both scripts; Redis loads them on first use, and again whenever it answers
+    /// `NOSCRIPT` (after a restart or a failover).
+    pub fn new() -> Scripts {
+        Scripts {
+            check: Script::new(CHECK_SCRIPT),
+            add: Script::new(ADD_SCRIPT),
+        }
+    }
+
+    /// Whether `key` may be in the generation `layout` describes: one script call, one
+    /// round trip (concurrent calls on one multiplexed connection share its pipeline).
+    ///
+    /// # Errors
+    ///
+    /// [`HeldError::Redis`] when the call fails, [`HeldError::Missing`] when the key's
+    /// shard is not in Redis.
+    pub async fn check<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &HeldKeys,
+        layout: &Layout,
+        key: &[u8],
+    ) -> Result<bool, HeldError> {
+        let (call, spot) = invocation(keys, layout, &self.check, key);
+        match call.invoke_async::<i64>(conn).await? {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(HeldError::Missing {
+                generation: layout.generation,
+                shard: spot.shard,
+            }),
+        }
+    }
+
+    /// Sets `key`'s bits in the generation `layout` describes; returns how many were
+    /// newly set.
+    ///
+    /// # Errors
+    ///
+    /// As [`Scripts::check`]; nothing is written when the shard is missing.
+    pub async fn add<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &HeldKeys,
+        layout: &Layout,
+        key: &[u8],
+    ) -> Result<u32, HeldError> {
+        let (call, spot) = invocation(keys, layout, &self.add, key);
+        let set = call.invoke_async::<i64>(conn).await?;
+        u32::try_from(set).map_err(|_| HeldError::Missing {
+            generation: layout.generation,
+            shard: spot.shard,
+        })
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filter::BloomParams;
+
+    /// Seed, blocks and hashes of the test vectors in docs/redis-gate.md.
+    const VECTOR_SEED: u32 = 0x5eed_0001;
+    const VECTOR_BLOCKS: u64 = 1000;
+    const VECTOR_HASHES: u32 = 9;
+
+    /// Key, block, in-block positions. Computed independently by the example Python
+    /// client; a change here is a change of the scheme every other client relies on.
+    const VECTORS: [(&str, u64, [u16; 9]); 5] = [
+        ("42", 733, [400, 12, 296, 1, 61, 397, 409, 468, 469]),
+        ("1000001", 307, [261, 383, 215, 48, 348, 374, 250, 73, 457]),
+        ("sku-ab12", 682, [305, 378, 92, 216, 430, 433, 133, 75, 129]),
+        ("", 870, [485, 444, 325, 428, 420, 510, 214, 442, 377]),
+        (
+            "a-key-longer-than-sixteen-bytes",
+            930,
+            [111, 293, 66, 191, 338, 87, 208, 43, 51],
+        ),
+    ];
+
+    #[test]
+    fn the_hash_scheme_gives_the_documented_test_vectors() {
+        let layout = Layout {
+            generation: 1,
+            seed: VECTOR_SEED,
+            bits: VECTOR_BLOCKS * BLOCK_BITS,
+            hashes: VECTOR_HASHES,
+            shard_blocks: 256,
+            items: 0,
+        };
+        for (key, block, positions) in VECTORS {
+            let spot = layout.spot(key.as_bytes());
+            assert_eq!(
+                (spot.shard, spot.offset),
+                (block / 256, (block % 256) * 64),
+                "{key:?}"
+            );
+            assert_eq!(spot.positions, positions, "{key:?}");
+            // The first seven positions are the same with seven hashes: more hashes
+            // extend a key's probes, they do not reshuffle them.
+            let seven = Layout {
+                hashes: 7,
+                ..layout.clone()
+            }
+            .spot(key.as_bytes());
+            assert_eq!(seven.positions, positions[..7], "{key:?}");
+        }
+    }
+
+    #[test]
+    fn a_layout_matches_the_local_filter_block_for_block() {
+        let params = BloomParams::optimal(10_000, 0.01).expect("params");
+        let filter = BloomFilter::new(params, 99);
+        let layout = Layout::of(&filter, 3, 64 * 7).expect("layout");
+        assert_eq!(layout.shards(), layout.blocks().div_ceil(7));
+        for i in 0..2_000u32 {
+            let key = i.to_string();
+            let spot = layout.spot(key.as_bytes());
+            let (block, probes) = locate(key.as_bytes(), 99, layout.blocks(), params.hashes);
+            assert_eq!(spot.shard * 7 + spot.offset / 64, block);
+            assert_eq!(spot.positions, probes.map(|p| p as u16).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn shard_sizes_that_are_not_whole_blocks_or_too_large_are_refused() {
+        let filter = BloomFilter::new(BloomParams::optimal(100, 0.01).expect("params"), 1);
+        for bad in [0, 1, 63, 65, 100, MAX_SHARD_BYTES + 64] {
+            assert!(
+                matches!(Layout::of(&filter, 1, bad), Err(HeldError::ShardSize(b)) if b == bad),
+                "{bad}"
+            );
+        }
+        for good in [64, 128, DEFAULT_SHARD_BYTES, MAX_SHARD_BYTES] {
+            assert!(Layout::of(&filter, 1, good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn a_current_record_no_filter_can_have_is_refused() {
+        let good: HashMap<String, String> = [
+            ("gen", "4"),
+            ("seed", "7"),
+            ("bits", "5120"),
+            ("hashes", "7"),
+            ("shard_blocks", "3"),
+            ("shards", "4"),
+            ("items", "10"),
+            ("at", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let layout = Layout::from_fields(&good).expect("a good record");
+        assert_eq!((layout.blocks(), layout.shards()), (10, 4));
+        let spoiled = |field: &str, value: Option<&str>| {
+            let mut f = good.clone();
+            match value {
+                Some(v) => f.insert(field.to_owned(), v.to_owned()),
+                None => f.remove(field),
+            };
+            Layout::from_fields(&f)
+        };
+        for (field, value) in [
+            ("bits", Some("0")),
+            ("bits", Some("5121")),
+            ("bits", Some("-512")),
+            ("bits", Some("1e9")),
+            ("bits", Some(" 5120")),
+            ("bits", Some(&*(2 * MAX_BITS).to_string())),
+            ("hashes", Some("0")),
+            ("hashes", Some("65")),
+            ("shard_blocks", Some("0")),
+            ("shard_blocks", Some("99999999999")),
+            ("shards", Some("3")),
+            ("shards", Some("5")),
+            ("seed", Some("4294967296")),
+            ("seed", None),
+            ("gen", None),
+            ("gen", Some("x")),
+            ("items", None),
+        ] {
+            assert!(
+                matches!(spoiled(field, value), Err(HeldError::BadRecord(_))),
+                "{field} = {value:?} was accepted"
+            );
+        }
+    }
+}
