@@ -494,6 +494,55 @@ pub struct FilterConfig {
     /// The filter is saved here after each build and loaded from here at start-up.
     #[serde(default)]
     pub snapshot_path: Option<std::path::PathBuf>,
+    /// Where requests are gated: this instance's copy only (`"local"`), or also a copy
+    /// held in the fleet's Redis that every instance and other services ask
+    /// (`"redis"`; needs `[fleet]`).
+    #[serde(default)]
+    pub backend: Backend,
+    /// The Redis-held copy, with `backend = "redis"`.
+    #[serde(default)]
+    pub redis: HeldConfig,
+}
+
+/// Where a filter's verdicts come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The filter in this instance's memory.
+    #[default]
+    Local,
+    /// A copy in the fleet's Redis, asked for every key the local copy refuses.
+    Redis,
+}
+
+/// Settings of a filter held in Redis (`backend = "redis"`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeldConfig {
+    /// Longest wait for Redis's answer to one check; past it, the local copy answers.
+    #[serde(default = "default_held_timeout", with = "humantime_serde")]
+    pub check_timeout: Duration,
+    /// Bytes per Redis string holding the filter's bits (a multiple of 64, at most
+    /// 512 MiB, Redis's largest string).
+    #[serde(default = "default_shard_bytes")]
+    pub shard_bytes: u64,
+}
+
+impl Default for HeldConfig {
+    fn default() -> Self {
+        HeldConfig {
+            check_timeout: default_held_timeout(),
+            shard_bytes: default_shard_bytes(),
+        }
+    }
+}
+
+fn default_held_timeout() -> Duration {
+    Duration::from_millis(5)
+}
+
+fn default_shard_bytes() -> u64 {
+    crate::gate::redis_held::DEFAULT_SHARD_BYTES
 }
 
 /// Incremental sync: a query polled on an interval that returns keys changed since a

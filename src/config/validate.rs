@@ -10,8 +10,8 @@ use std::fmt::Display;
 use std::time::Duration;
 
 use super::{
-    BreakerConfig, Config, ConfigError, FilterConfig, Normalize, OriginConfig, OutcomeHeaderPolicy,
-    Problem, RouteConfig, WatermarkKind,
+    Backend, BreakerConfig, Config, ConfigError, FilterConfig, Normalize, OriginConfig,
+    OutcomeHeaderPolicy, Problem, RouteConfig, WatermarkKind,
 };
 
 /// Smallest byte bound of a cache: a few hundred entries.
@@ -274,7 +274,17 @@ impl Config {
 
 impl Config {
     pub(super) fn check_fleet(&self, p: &mut Problems) {
-        let Some(f) = &self.fleet else { return };
+        let Some(f) = &self.fleet else {
+            for (name, filter) in &self.filters {
+                if filter.backend == Backend::Redis {
+                    p.add(
+                        format!("filters.{name}.backend"),
+                        "\"redis\" needs [fleet]: the filter is held in the fleet's Redis",
+                    );
+                }
+            }
+            return;
+        };
         match f.redis_url.split_once("://") {
             Some(("redis" | "rediss", rest)) if !rest.is_empty() => {
                 if redis::IntoConnectionInfo::into_connection_info(f.redis_url.as_str()).is_err() {
@@ -377,6 +387,21 @@ pub(super) fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
             p.add(
                 at("sync.start_query"),
                 "integer watermarks need a start query, e.g. SELECT MAX(id) FROM products",
+            );
+        }
+    }
+    if f.backend == Backend::Redis {
+        let timeout = f.redis.check_timeout;
+        if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(1) {
+            p.add(at("redis.check_timeout"), "must be between 1ms and 1s");
+        }
+        let shard = f.redis.shard_bytes;
+        if !(64..=crate::gate::redis_held::MAX_SHARD_BYTES).contains(&shard)
+            || !shard.is_multiple_of(64)
+        {
+            p.add(
+                at("redis.shard_bytes"),
+                "must be a multiple of 64 between 64 and 536870912",
             );
         }
     }

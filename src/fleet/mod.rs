@@ -4,7 +4,8 @@
 //! generation and never scan. Every admission and invalidation, on any instance, goes
 //! through the change stream that every instance applies. When Redis is unreachable,
 //! each instance goes on alone (its own sync; its own build if it has no filter) and
-//! rejoins when Redis is back. Lookups stay local: no request waits on Redis.
+//! rejoins when Redis is back. Lookups stay local: no request waits on Redis, except
+//! for the keys a filter held in Redis too (`backend = "redis"`, `gate::held`) refuses.
 //!
 //! `keys` names every key, `lease` the builder lease, `generation` the shared
 //! snapshots, `stream` the change stream, `change` its entries, `run` the loops.
@@ -158,6 +159,20 @@ impl Fleet {
                 .unwrap_or_else(default_instance_id)
                 .as_str(),
         );
+        // A filter held in Redis checks and writes through the fleet's connection:
+        // one multiplexed connection pipelines every request's check.
+        for f in filters {
+            let fc = f.config();
+            if fc.backend == crate::config::Backend::Redis {
+                f.set_held(Arc::new(crate::gate::held::HeldGate::new(
+                    f.name(),
+                    &config.namespace,
+                    conn.clone(),
+                    fc.redis.clone(),
+                    f.metrics().clone(),
+                )));
+            }
+        }
         let members = filters
             .iter()
             .map(|f| {
@@ -239,9 +254,19 @@ impl Fleet {
     /// Redis failed the watcher's check: it counts as down until the next good check.
     fn redis_down(&self, e: &redis::RedisError) {
         if self.redis_up.swap(false, Ordering::AcqRel) {
+            self.set_held_up(false);
             tracing::warn!(error = %e, "lost the fleet's Redis; each filter goes on alone until it is back");
             self.metrics.set_redis_up(false);
             self.changed.notify_waiters();
+        }
+    }
+
+    /// Tells every filter held in Redis whether Redis is reachable.
+    fn set_held_up(&self, up: bool) {
+        for m in self.members.values() {
+            if let Some(held) = m.filter.held() {
+                held.set_up(up);
+            }
         }
     }
 

@@ -13,6 +13,7 @@ use super::lease::{self, Attempt, Lease};
 use super::stream::{self, StreamPos};
 use super::{Fleet, Member, Role, lock};
 use crate::gate::RebuildReason;
+use crate::gate::redis_held;
 
 impl Fleet {
     /// Runs every fleet loop until aborted (its tasks are aborted with it).
@@ -66,6 +67,7 @@ impl Fleet {
             match self.check_epoch().await {
                 Ok(reset) => {
                     if !self.redis_up.swap(true, Ordering::AcqRel) {
+                        self.set_held_up(true);
                         tracing::info!(instance = %self.instance, "fleet Redis reachable");
                         self.metrics.set_redis_up(true);
                         self.changed.notify_waiters();
@@ -138,6 +140,9 @@ impl Fleet {
             "fleet Redis lost its data (restarted empty or restored from an older copy); rejoining from the next generation");
         *lock(&self.position) = StreamPos::default();
         for m in self.members.values() {
+            if let Some(held) = m.filter.held() {
+                held.reset();
+            }
             m.status.lock().map(|mut s| s.force_reload = true).ok();
         }
         self.changed.notify_waiters();
@@ -216,6 +221,9 @@ impl Fleet {
                     Role::Builder => self.keep_building(&m, &mut work).await,
                 }
             };
+            if next != Role::Standalone {
+                self.refresh_held(&m, next).await;
+            }
             if next != role {
                 tracing::info!(filter = %m.name, from = role.as_str(), to = next.as_str(), "fleet role changed");
                 self.metrics.set_role(&m.name, next.as_str());
@@ -553,6 +561,7 @@ impl Fleet {
                         s.current = Some(c);
                     }
                     self.trim().await;
+                    self.publish_held(m).await;
                     return;
                 }
                 Err(GenerationError::Fenced) => {
@@ -567,6 +576,39 @@ impl Fleet {
                         self.redis_failed("publish", e);
                     }
                     tokio::time::sleep(self.config.retry_interval).await;
+                }
+            }
+        }
+    }
+
+    /// For a filter held in Redis: adopts a newer generation of the Redis-held copy, and
+    /// as the builder writes one again when a write to it failed (an admission that did
+    /// not reach it, a lost shard).
+    async fn refresh_held(&self, m: &Arc<Member>, role: Role) {
+        let Some(held) = m.filter.held() else { return };
+        if role == Role::Builder && held.is_stale() {
+            self.publish_held(m).await;
+        }
+        if let Err(e) = held.refresh().await {
+            tracing::debug!(filter = %m.name, error = %e, "could not read the Redis-held generation");
+        }
+    }
+
+    /// Writes the live filter as a new generation of its Redis-held copy (builder only).
+    async fn publish_held(&self, m: &Arc<Member>) {
+        let Some(held) = m.filter.held() else { return };
+        let Some(live) = m.filter.live_membership() else {
+            return;
+        };
+        let Some(bloom) = live.local() else { return };
+        match held.publish(bloom, self.config.generation_grace).await {
+            Ok(layout) => tracing::info!(filter = %m.name, generation = layout.generation,
+                shards = layout.shards(), items = layout.items, "published the Redis-held copy"),
+            Err(e) => {
+                tracing::warn!(filter = %m.name, error = %e,
+                    "publishing the Redis-held copy failed; the local copies answer alone, and it is tried again");
+                if let redis_held::HeldError::Redis(e) = &e {
+                    self.redis_failed("Redis-held publish", e);
                 }
             }
         }

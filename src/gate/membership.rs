@@ -37,6 +37,13 @@ impl Membership {
         }
     }
 
+    /// The in-process filter, when the set is one.
+    pub fn local(&self) -> Option<&BloomFilter> {
+        match self {
+            Membership::Local(f) => Some(f),
+        }
+    }
+
     /// Adds a key's canonical bytes; true if the set changed (see [`BloomFilter::insert`]).
     pub fn insert(&self, key: &[u8]) -> bool {
         match self {

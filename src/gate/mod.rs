@@ -12,6 +12,7 @@
 
 pub mod admit;
 mod build;
+pub mod held;
 pub mod membership;
 pub mod redis_held;
 pub mod sync;
@@ -185,6 +186,8 @@ pub struct Filter {
     build_hook: Mutex<Option<BuildHook>>,
     status: Mutex<LoadStatus>,
     metrics: FilterMetrics,
+    /// The copy held in Redis (`backend = "redis"`), set once at start.
+    held: std::sync::OnceLock<Arc<held::HeldGate>>,
 }
 
 impl Filter {
@@ -211,6 +214,7 @@ impl Filter {
             build_hook: Mutex::new(None),
             status: Mutex::new(LoadStatus::default()),
             metrics,
+            held: std::sync::OnceLock::new(),
         }
     }
 
@@ -265,6 +269,36 @@ impl Filter {
         }
     }
 
+    /// Attaches the copy held in Redis; a second call is ignored.
+    pub fn set_held(&self, gate: Arc<held::HeldGate>) {
+        let _ = self.held.set(gate);
+    }
+
+    /// The copy held in Redis, with `backend = "redis"`.
+    pub fn held(&self) -> Option<&Arc<held::HeldGate>> {
+        self.held.get()
+    }
+
+    /// The verdict for a key that the local copy gave `local` (not
+    /// [`Verdict::MaybePresent`]: a key the local copy may hold is not sent to Redis),
+    /// asking the copy held in Redis (see [`held`]). Redis can only turn a refusal or
+    /// a missing local copy into an answer; when it does not answer, `local` stands.
+    pub async fn ask_held(&self, held: &held::HeldGate, key: &[u8], local: Verdict) -> Verdict {
+        if local == Verdict::MaybePresent {
+            return local;
+        }
+        match held.check(key).await {
+            Some(true) => Verdict::MaybePresent,
+            Some(false) => Verdict::Absent,
+            None => local,
+        }
+    }
+
+    /// The live filter's own bits, for writing them elsewhere.
+    pub fn live_membership(&self) -> Option<Arc<Membership>> {
+        self.live.load_full()
+    }
+
     /// True once a filter is loaded.
     pub fn is_ready(&self) -> bool {
         self.live.load().is_some()
@@ -291,6 +325,9 @@ impl Filter {
             }
         };
         self.stripe(bytes).fetch_add(1, Ordering::SeqCst);
+        if let Some(held) = self.held.get() {
+            held.admit(bytes);
+        }
         if added {
             self.watch_capacity();
         }

@@ -335,7 +335,33 @@ pub async fn publish<C: ConnectionLike + Send>(
     filter: &BloomFilter,
     upload: Upload,
 ) -> Result<Layout, HeldError> {
-    let generation: u64 = redis::cmd("INCR")
+    let layout = write(conn, keys, filter, upload, 0).await?;
+    flip(conn, keys, &layout, upload).await?;
+    Ok(layout)
+}
+
+/// Writes `filter` as a new generation, numbered above `after` even when Redis lost its
+/// counter, without making it current; its shards expire after `upload.upload_ttl`
+/// unless [`flip`] keeps them. Set bits of the filter that change while it is read may
+/// or may not be in the copy.
+///
+/// # Errors
+///
+/// As [`publish`].
+pub async fn write<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &HeldKeys,
+    filter: &BloomFilter,
+    upload: Upload,
+    after: u64,
+) -> Result<Layout, HeldError> {
+    let (generation,): (u64,) = redis::pipe()
+        .cmd("SET")
+        .arg(keys.generation_seq())
+        .arg(after)
+        .arg("NX")
+        .ignore()
+        .cmd("INCR")
         .arg(keys.generation_seq())
         .query_async(conn)
         .await?;
@@ -379,24 +405,42 @@ pub async fn publish<C: ConnectionLike + Send>(
             pipe.query_async::<()>(conn).await?;
         }
     }
+    Ok(layout)
+}
+
+/// Makes a generation written by [`write`] current, and sets the one it replaces to
+/// expire after `upload.grace`.
+///
+/// # Errors
+///
+/// [`HeldError::Redis`], or [`HeldError::Vanished`] when one of its shards is gone;
+/// `current` is then unchanged.
+pub async fn flip<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &HeldKeys,
+    layout: &Layout,
+    upload: Upload,
+) -> Result<(), HeldError> {
     let flipped: i64 = Script::new(FLIP_SCRIPT)
         .key(keys.current())
         .arg(keys.prefix())
-        .arg(generation)
+        .arg(layout.generation)
         .arg(layout.seed)
         .arg(layout.bits)
         .arg(layout.hashes)
         .arg(layout.shard_blocks)
         .arg(layout.shards())
         .arg(layout.items)
-        .arg(crate::fleet::generation::unix_ms())
+        .arg(unix_ms())
         .arg(millis(upload.grace))
         .invoke_async(conn)
         .await?;
     if flipped != 1 {
-        return Err(HeldError::Vanished { generation });
+        return Err(HeldError::Vanished {
+            generation: layout.generation,
+        });
     }
-    Ok(layout)
+    Ok(())
 }
 
 /// The layout of the current generation; `None` when none was published (or Redis lost
@@ -503,6 +547,13 @@ impl Default for Scripts {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The time now in Unix milliseconds (0 before 1970).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn millis(d: Duration) -> u64 {

@@ -37,6 +37,8 @@ pub struct FilterFamilies {
     sync_memory_overflows: IntCounterVec,
     target_fpp: GaugeVec,
     sync_interval: GaugeVec,
+    redis_checks: IntCounterVec,
+    redis_writes: IntCounterVec,
 }
 
 impl FilterFamilies {
@@ -187,6 +189,18 @@ impl FilterFamilies {
                 "Sync polls that read more rows than sync remembers; each dropped the cached entries of every row it read.",
                 &["filter"],
             )?,
+            redis_checks: family(
+                registry,
+                "bloomgate_filter_redis_checks_total",
+                "Checks of keys in the filter's Redis-held copy (backend = \"redis\"), by answer: maybe, absent, or none (an error, a timeout, a missing shard or no trusted generation; the local copy answered).",
+                &["filter", "answer"],
+            )?,
+            redis_writes: family(
+                registry,
+                "bloomgate_filter_redis_writes_total",
+                "Writes to the filter's Redis-held copy, by kind (admission, generation) and result (ok, error).",
+                &["filter", "kind", "result"],
+            )?,
             target_fpp: family(
                 registry,
                 "bloomgate_filter_target_fpp",
@@ -245,6 +259,11 @@ impl FilterFamilies {
             sync_gaps_dropped: self.sync_gaps_dropped.with_label_values(&[filter]),
             sync_changed_rows: self.sync_changed_rows.with_label_values(&[filter]),
             sync_memory_overflows: self.sync_memory_overflows.with_label_values(&[filter]),
+            redis_maybe: self.redis_checks.with_label_values(&[filter, "maybe"]),
+            redis_absent: self.redis_checks.with_label_values(&[filter, "absent"]),
+            redis_none: self.redis_checks.with_label_values(&[filter, "none"]),
+            redis_writes: self.redis_writes.clone(),
+            name: std::sync::Arc::from(filter),
         }
     }
 }
@@ -280,6 +299,11 @@ pub struct FilterMetrics {
     sync_gaps_dropped: IntCounter,
     sync_changed_rows: IntCounter,
     sync_memory_overflows: IntCounter,
+    redis_maybe: IntCounter,
+    redis_absent: IntCounter,
+    redis_none: IntCounter,
+    redis_writes: IntCounterVec,
+    name: std::sync::Arc<str>,
 }
 
 impl FilterMetrics {
@@ -385,5 +409,23 @@ impl FilterMetrics {
     /// Counts a poll that read more rows than sync remembers.
     pub fn sync_seen_overflow(&self) {
         self.sync_memory_overflows.inc();
+    }
+
+    /// Counts one check of the Redis-held copy: `Some(true)` maybe, `Some(false)` absent,
+    /// `None` no answer.
+    pub fn redis_check(&self, answer: Option<bool>) {
+        match answer {
+            Some(true) => self.redis_maybe.inc(),
+            Some(false) => self.redis_absent.inc(),
+            None => self.redis_none.inc(),
+        }
+    }
+
+    /// Counts one write to the Redis-held copy.
+    pub fn redis_write(&self, kind: &str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.redis_writes
+            .with_label_values(&[&*self.name, kind, result])
+            .inc();
     }
 }

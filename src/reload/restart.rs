@@ -59,6 +59,21 @@ pub fn changed(old: &Config, new: &Config) -> Vec<String> {
     same!(fleet);
     same!(false_positive_budget);
     same!(audit);
+    // A filter held in Redis is attached to its filter when fleet mode starts.
+    for (name, f) in &new.filters {
+        if let Some(o) = old.filters.get(name) {
+            check(
+                &format!("filters.{name}.backend"),
+                value(&o.backend),
+                value(&f.backend),
+            );
+            check(
+                &format!("filters.{name}.redis"),
+                value(&o.redis),
+                value(&f.redis),
+            );
+        }
+    }
     fields
 }
 
@@ -121,5 +136,20 @@ mod tests {
                 "cache.max_entries"
             ]
         );
+    }
+
+    #[test]
+    fn a_filter_held_in_redis_changes_only_with_a_restart() {
+        let base = Config::from_toml_str(BASE).expect("valid");
+        let mut held = base.clone();
+        if let Some(f) = held.filters.get_mut("products") {
+            f.backend = crate::config::Backend::Redis;
+        }
+        assert_eq!(changed(&base, &held), ["filters.products.backend"]);
+        let mut slower = held.clone();
+        if let Some(f) = slower.filters.get_mut("products") {
+            f.redis.check_timeout = std::time::Duration::from_millis(50);
+        }
+        assert_eq!(changed(&held, &slower), ["filters.products.redis"]);
     }
 }

@@ -197,6 +197,9 @@ const MISTAKES: &[Mistake] = &[
     ("filters.products.load_retry_initial", |c| {
         filter(c, "products").load_retry_initial = Duration::ZERO
     }),
+    ("filters.skus.backend", |c| {
+        filter(c, "skus").backend = Backend::Redis
+    }),
     ("routes[0].path", |c| {
         c.routes[0].path = "api/products/{id}".into()
     }),
@@ -425,4 +428,42 @@ fn audit_settings_are_checked() {
     let e =
         Config::from_toml_str(&format!("{BASE}\n[audit]\nrat = 0.5\n")).expect_err("unknown field");
     assert!(e.to_string().contains("rat"), "{e}");
+}
+
+#[test]
+fn a_filter_held_in_redis_needs_a_fleet_and_sane_settings() {
+    let with_fleet = |edit: fn(&mut FilterConfig)| -> Vec<String> {
+        let text = format!("{BASE}\n[fleet]\nredis_url = \"redis://127.0.0.1:6379\"\n");
+        let mut config = Config::from_toml_str(&text).expect("the base config with a fleet");
+        let f = filter(&mut config, "products");
+        f.backend = Backend::Redis;
+        edit(f);
+        problems(&config).into_iter().map(|p| p.field).collect()
+    };
+    assert_eq!(with_fleet(|_| {}), Vec::<String>::new());
+    type Edit = (&'static str, fn(&mut FilterConfig));
+    let edits: [Edit; 5] = [
+        ("filters.products.redis.check_timeout", |f| {
+            f.redis.check_timeout = Duration::ZERO
+        }),
+        ("filters.products.redis.check_timeout", |f| {
+            f.redis.check_timeout = Duration::from_secs(2)
+        }),
+        ("filters.products.redis.shard_bytes", |f| {
+            f.redis.shard_bytes = 0
+        }),
+        ("filters.products.redis.shard_bytes", |f| {
+            f.redis.shard_bytes = 100
+        }),
+        ("filters.products.redis.shard_bytes", |f| {
+            f.redis.shard_bytes = 1 << 30
+        }),
+    ];
+    for (field, edit) in edits {
+        assert_eq!(with_fleet(edit), vec![field.to_owned()]);
+    }
+    // The same settings on a local filter are not looked at.
+    let mut config = base();
+    filter(&mut config, "products").redis.shard_bytes = 100;
+    assert_eq!(problems(&config), Vec::new());
 }

@@ -1,0 +1,262 @@
+//! One instance's side of a filter held in Redis (`backend = "redis"`): which generation
+//! it trusts, the checks of keys its local copy refuses, the admissions it mirrors into
+//! Redis, and (on the fleet's builder) the publication of a new generation.
+//!
+//! The local copy answers first. Redis is asked only about keys the local copy refuses
+//! (or every key while no local copy is loaded), so an answer from Redis can only turn
+//! a refusal into a "maybe": a Redis that lost admissions or went back to an older copy
+//! cannot refuse a key this instance knows. A check that Redis does not answer within
+//! `check_timeout`, or answers for a shard it no longer holds, leaves the local verdict.
+//!
+//! While the builder writes a new generation, admissions are recorded; once the new
+//! shards are written they are written into both generations, and the recorded ones
+//! are replayed into the new one before it is made current, so no admission made during
+//! the upload is missing from it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::ConnectionManager;
+
+use super::redis_held::{self, HeldError, HeldKeys, Layout, Scripts, Upload};
+use crate::config::HeldConfig;
+use crate::filter::BloomFilter;
+use crate::metrics::FilterMetrics;
+
+/// Admissions recorded during one upload before the recording gives up (and the
+/// generation is written again): a bound on memory, not a limit anyone should reach.
+const MAX_RECORDED: usize = 1_000_000;
+
+/// This instance's handle on a filter held in Redis.
+pub struct HeldGate {
+    name: Arc<str>,
+    keys: HeldKeys,
+    scripts: Scripts,
+    conn: ConnectionManager,
+    /// The generation checked and written; `None` while none is trusted.
+    layout: ArcSwapOption<Layout>,
+    /// The generation being published by this instance, written to as well.
+    pending: ArcSwapOption<Layout>,
+    /// Admissions since an upload began reading the local bits.
+    recording: Mutex<Option<Vec<Box<[u8]>>>>,
+    /// The highest generation adopted: one numbered lower is never trusted again.
+    highest: AtomicU64,
+    /// A write failed: the copy in Redis may lack an admission until a new generation.
+    stale: AtomicBool,
+    /// Whether the fleet's last check found Redis reachable: while it is not, no check
+    /// waits for a timeout.
+    up: AtomicBool,
+    config: HeldConfig,
+    metrics: FilterMetrics,
+}
+
+impl HeldGate {
+    /// A handle with no trusted generation yet; `conn` is the fleet's connection.
+    pub fn new(
+        name: &str,
+        namespace: &str,
+        conn: ConnectionManager,
+        config: HeldConfig,
+        metrics: FilterMetrics,
+    ) -> HeldGate {
+        HeldGate {
+            name: Arc::from(name),
+            keys: HeldKeys::new(namespace, name),
+            scripts: Scripts::new(),
+            conn,
+            layout: ArcSwapOption::empty(),
+            pending: ArcSwapOption::empty(),
+            recording: Mutex::new(None),
+            highest: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
+            up: AtomicBool::new(true),
+            config,
+            metrics,
+        }
+    }
+
+    /// The generation checked now, if any.
+    pub fn layout(&self) -> Option<Arc<Layout>> {
+        self.layout.load_full()
+    }
+
+    /// Redis's answer for a key: `Some(true)` maybe, `Some(false)` absent, `None` when
+    /// there is no trusted generation, Redis fails or is slower than `check_timeout`.
+    pub async fn check(&self, key: &[u8]) -> Option<bool> {
+        let layout = match self.up.load(Ordering::Acquire) {
+            true => self.layout.load_full(),
+            false => None,
+        };
+        let answer = match layout {
+            None => None,
+            Some(layout) => {
+                let mut conn = self.conn.clone();
+                let call = self.scripts.check(&mut conn, &self.keys, &layout, key);
+                match tokio::time::timeout(self.config.check_timeout, call).await {
+                    Ok(Ok(answer)) => Some(answer),
+                    Ok(Err(HeldError::Missing { generation, shard })) => {
+                        self.distrust(generation, &format!("shard {shard} is missing"));
+                        None
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(filter = %self.name, error = %e, "Redis-held check failed; the local copy answers");
+                        None
+                    }
+                    Err(_) => None,
+                }
+            }
+        };
+        self.metrics.redis_check(answer);
+        answer
+    }
+
+    /// Records whether the fleet found Redis reachable.
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Release);
+    }
+
+    /// Redis lost its data or went back to an older copy: trust no generation read
+    /// before, and (on the builder) write the next one.
+    pub fn reset(&self) {
+        self.layout.store(None);
+        self.stale.store(true, Ordering::Release);
+    }
+
+    /// Stops trusting generation `generation` (if it is the one checked): checks go to
+    /// the local copy until a newer generation is adopted.
+    fn distrust(&self, generation: u64, why: &str) {
+        let current = self.layout.load();
+        if current.as_ref().is_some_and(|l| l.generation == generation) {
+            self.layout.store(None);
+            self.stale.store(true, Ordering::Release);
+            tracing::warn!(filter = %self.name, generation, why,
+                "no longer trusting the filter's Redis-held copy; the local copy answers alone until a newer generation");
+        }
+    }
+
+    /// Mirrors an admission into Redis (the trusted generation and the one being
+    /// published), in a task of its own; a failure marks the copy stale.
+    pub fn admit(self: &Arc<Self>, key: &[u8]) {
+        if let Some(recorded) = lock(&self.recording).as_mut() {
+            if recorded.len() < MAX_RECORDED {
+                recorded.push(key.into());
+            } else {
+                self.stale.store(true, Ordering::Release);
+            }
+        }
+        let targets: Vec<Arc<Layout>> = [self.layout.load_full(), self.pending.load_full()]
+            .into_iter()
+            .flatten()
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.stale.store(true, Ordering::Release);
+            return;
+        };
+        let gate = Arc::clone(self);
+        let key: Box<[u8]> = key.into();
+        runtime.spawn(async move {
+            let mut conn = gate.conn.clone();
+            for layout in targets {
+                let done = gate.scripts.add(&mut conn, &gate.keys, &layout, &key).await;
+                gate.metrics.redis_write("admission", done.is_ok());
+                if let Err(e) = done {
+                    tracing::warn!(filter = %gate.name, generation = layout.generation, error = %e,
+                        "an admission did not reach the filter's Redis-held copy; it is written again with the next generation");
+                    gate.stale.store(true, Ordering::Release);
+                    if matches!(e, HeldError::Missing { .. }) {
+                        gate.distrust(layout.generation, "a shard is missing");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Reads `current` and adopts it if it is newer than anything adopted before.
+    pub async fn refresh(&self) -> Result<(), HeldError> {
+        let mut conn = self.conn.clone();
+        if let Some(layout) = redis_held::current(&mut conn, &self.keys).await? {
+            self.adopt(layout);
+        }
+        Ok(())
+    }
+
+    fn adopt(&self, layout: Layout) {
+        let seen = self.highest.fetch_max(layout.generation, Ordering::AcqRel);
+        if layout.generation > seen {
+            tracing::info!(filter = %self.name, generation = layout.generation, items = layout.items,
+                "checking the filter's Redis-held generation");
+            self.layout.store(Some(Arc::new(layout)));
+        }
+    }
+
+    /// True when a write failed since the last publication (the builder publishes again).
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
+
+    /// Writes `filter` (this instance's live copy) as a new generation, replays the
+    /// admissions made while it was read, and makes it current.
+    ///
+    /// # Errors
+    ///
+    /// Redis's, or a shard gone before the flip; the old generation stays current.
+    pub async fn publish(
+        &self,
+        filter: &BloomFilter,
+        grace: Duration,
+    ) -> Result<Layout, HeldError> {
+        self.stale.store(false, Ordering::Release);
+        *lock(&self.recording) = Some(Vec::new());
+        let result = self.publish_recorded(filter, grace).await;
+        *lock(&self.recording) = None;
+        // Adopted before the pending generation is let go: an admission always finds
+        // the new generation in one of the two.
+        match &result {
+            Ok(layout) => {
+                self.metrics.redis_write("generation", true);
+                self.adopt(layout.clone());
+            }
+            Err(_) => {
+                self.metrics.redis_write("generation", false);
+                self.stale.store(true, Ordering::Release);
+            }
+        }
+        self.pending.store(None);
+        result
+    }
+
+    async fn publish_recorded(
+        &self,
+        filter: &BloomFilter,
+        grace: Duration,
+    ) -> Result<Layout, HeldError> {
+        let mut conn = self.conn.clone();
+        let upload = Upload {
+            shard_bytes: self.config.shard_bytes,
+            upload_ttl: grace.max(Duration::from_secs(600)),
+            grace,
+        };
+        let after = self.highest.load(Ordering::Acquire);
+        let written = redis_held::write(&mut conn, &self.keys, filter, upload, after).await?;
+        // From here admissions go to the new generation too; the ones made while its
+        // bits were read are replayed into it.
+        self.pending.store(Some(Arc::new(written.clone())));
+        let recorded = lock(&self.recording).take().unwrap_or_default();
+        for key in &recorded {
+            self.scripts
+                .add(&mut conn, &self.keys, &written, key)
+                .await?;
+        }
+        redis_held::flip(&mut conn, &self.keys, &written, upload).await?;
+        Ok(written)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,414 @@
+//! `backend = "redis"` against real parts: bloomgate instances in a fleet, one throwaway
+//! Redis and one MariaDB database per test. The builder writes its filter into Redis as
+//! a Redis-held generation; every instance asks that copy about keys its own copy
+//! refuses; admissions reach it at once; other clients read the same filter; Redis
+//! killed leaves the local copies answering, and Redis back (empty) gets a new
+//! generation that the instances check again.
+
+mod support;
+
+use std::time::Duration;
+
+use bloomgate::db::{demo_absent_sku, demo_sku};
+use bloomgate::gate::redis_held::{self, HeldKeys, Layout, Scripts};
+use redis::aio::MultiplexedConnection;
+use support::{
+    TestConfig, TestDb, TestProxy, TestRedis, TestRoute, eventually, mysql_url, redis_server,
+};
+
+const TOKEN: &str = "test-admin-token";
+
+/// Instance `id` of a fleet in namespace `ns` whose filter is held in Redis too, in
+/// shards of 4 KiB (so a filter of any size here spans several).
+fn config(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> TestConfig {
+    config_at(db, &redis.url(), ns, id, expected)
+}
+
+/// As [`config`], with the Redis URL given.
+fn config_at(db: &TestDb, redis_url: &str, ns: &str, id: &str, expected: u64) -> TestConfig {
+    TestConfig::new(&db.url)
+        .admin_token(TOKEN)
+        .expected_items(expected)
+        .false_positive_rate(0.01)
+        .filter("backend = \"redis\"")
+        .filter("redis = { check_timeout = \"200ms\", shard_bytes = 4096 }")
+        .cache("ttl = \"10m\"")
+        .cache("negative_ttl = \"10m\"")
+        .route(TestRoute::sql("products", "/api/products/{id}"))
+        .fleet(format!("redis_url = \"{redis_url}\""))
+        .fleet(format!("namespace = \"{ns}\""))
+        .fleet(format!("instance_id = \"{id}\""))
+        .fleet("lease_ttl = \"2s\"")
+        .fleet("lease_renew = \"500ms\"")
+        .fleet("retry_interval = \"100ms\"")
+}
+
+/// The current Redis-held generation once there is one numbered above `after` (at
+/// most `limit`).
+async fn held_layout(
+    conn: &mut MultiplexedConnection,
+    keys: &HeldKeys,
+    after: u64,
+    limit: Duration,
+) -> Layout {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Ok(Some(l)) = redis_held::current(conn, keys).await
+            && l.generation > after
+        {
+            return l;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no Redis-held generation above {after} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `proxy` refuses `absent` with an answer from the copy in Redis (counted).
+async fn checks_redis(proxy: &TestProxy, absent: u64) -> bool {
+    let before = proxy
+        .metric_or_absent(
+            "bloomgate_filter_redis_checks_total{answer=\"absent\",filter=\"products\"}",
+        )
+        .await
+        .unwrap_or(0.0);
+    let r = proxy.get(&format!("/api/products/{absent}")).await;
+    let after = proxy
+        .metric_or_absent(
+            "bloomgate_filter_redis_checks_total{answer=\"absent\",filter=\"products\"}",
+        )
+        .await
+        .unwrap_or(0.0);
+    r.status.as_u16() == 404 && r.stage() == "intercepted" && after > before
+}
+
+/// An absent key the instances' filters refuse (their local copies and Redis's hold the
+/// same bits), found through the copy in Redis.
+async fn refused_key(
+    conn: &mut MultiplexedConnection,
+    keys: &HeldKeys,
+    layout: &Layout,
+    from: u64,
+) -> u64 {
+    let scripts = Scripts::new();
+    for i in from.. {
+        let k = demo_absent_sku(i);
+        if !scripts
+            .check(conn, keys, layout, k.to_string().as_bytes())
+            .await
+            .expect("check")
+        {
+            return k;
+        }
+    }
+    unreachable!("an unbounded range")
+}
+
+/// Admits `added` through `proxy`'s admin API and waits (at most 2 s) until the copy in
+/// Redis holds it: the instance writes it there without waiting for anything else.
+async fn admit_on(
+    proxy: &TestProxy,
+    conn: &mut MultiplexedConnection,
+    keys: &HeldKeys,
+    layout: &Layout,
+    added: u64,
+) {
+    let r = proxy
+        .admin_post(
+            "/admin/filters/products/keys",
+            Some(TOKEN),
+            &added.to_string(),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let scripts = Scripts::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !scripts
+        .check(conn, keys, layout, added.to_string().as_bytes())
+        .await
+        .expect("check")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "admission of {added} not in Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_gates_with_the_copy_in_redis_which_holds_every_key() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 100_000;
+    let db = TestDb::create_heavy(&server, rows).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let a = TestProxy::spawn(&config(&db, &redis, "held", "a", rows).toml()).await;
+    let b = TestProxy::spawn(&config(&db, &redis, "held", "b", rows).toml()).await;
+    a.wait_ready(Duration::from_secs(120)).await;
+    b.wait_ready(Duration::from_secs(120)).await;
+    let keys = HeldKeys::new("held", "products");
+    let mut conn = redis.conn().await;
+    let layout = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    assert!(layout.shards() > 1, "{layout:?}");
+    assert!(layout.items > rows * 99 / 100, "{layout:?}");
+
+    // The copy in Redis holds every present key, and refuses absent keys at the
+    // configured rate: asked as another service would, over one connection.
+    let scripts = Scripts::new();
+    let mut passed = 0u64;
+    for i in 0..rows {
+        let present = demo_sku(i).to_string();
+        assert!(
+            scripts
+                .check(&mut conn, &keys, &layout, present.as_bytes())
+                .await
+                .expect("check"),
+            "present key {present} refused by the copy in Redis"
+        );
+        let absent = demo_absent_sku(i).to_string();
+        passed += u64::from(
+            scripts
+                .check(&mut conn, &keys, &layout, absent.as_bytes())
+                .await
+                .expect("check"),
+        );
+    }
+    let rate = passed as f64 / rows as f64;
+    assert!(
+        rate <= 0.012,
+        "false-positive rate of the copy in Redis: {rate}"
+    );
+
+    // Both instances check it: a refused key is asked of Redis and counted.
+    for p in [&a, &b] {
+        eventually("checks answered by Redis", Duration::from_secs(10), || {
+            checks_redis(p, demo_absent_sku(rows + 1))
+        })
+        .await;
+    }
+    // Present keys through the proxy (a sample: each is a database read).
+    for p in [&a, &b] {
+        for i in (0..rows).step_by(499) {
+            let r = p.get(&format!("/api/products/{}", demo_sku(i))).await;
+            assert_eq!(
+                r.status.as_u16(),
+                200,
+                "sku {} on {:?}",
+                demo_sku(i),
+                r.stage()
+            );
+        }
+    }
+
+    // A key another service sets in the copy in Redis is let through by both instances,
+    // whose own copies refuse it: the origin answers (404, not in the database).
+    let outside = refused_key(&mut conn, &keys, &layout, 2 * rows).await;
+    for p in [&a, &b] {
+        let r = p.get(&format!("/api/products/{outside}")).await;
+        assert_eq!(
+            (r.status.as_u16(), r.stage()),
+            (404, "intercepted"),
+            "{outside}"
+        );
+    }
+    scripts
+        .add(&mut conn, &keys, &layout, outside.to_string().as_bytes())
+        .await
+        .expect("add");
+    for p in [&a, &b] {
+        let maybe_before = p
+            .metric_or_absent(
+                "bloomgate_filter_redis_checks_total{answer=\"maybe\",filter=\"products\"}",
+            )
+            .await
+            .unwrap_or(0.0);
+        let r = p.get(&format!("/api/products/{outside}")).await;
+        assert_eq!(r.status.as_u16(), 404);
+        assert_ne!(
+            r.stage(),
+            "intercepted",
+            "{outside} was set in Redis and still refused"
+        );
+        let maybe_after = p
+            .metric("bloomgate_filter_redis_checks_total{answer=\"maybe\",filter=\"products\"}")
+            .await;
+        assert!(maybe_after > maybe_before);
+    }
+
+    // An admission on one instance is in the copy in Redis once the call returns (it
+    // is written by that instance; the builder writes it too).
+    let added = refused_key(&mut conn, &keys, &layout, 3 * rows).await;
+    admit_on(&a, &mut conn, &keys, &layout, added).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_gone_the_local_copies_answer_and_a_new_generation_follows_its_return() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 2_000;
+    let db = TestDb::create(&server, rows).await;
+    let mut redis = TestRedis::start(&redis_bin).await;
+    let a = TestProxy::spawn(&config(&db, &redis, "gone", "a", rows).toml()).await;
+    let b = TestProxy::spawn(&config(&db, &redis, "gone", "b", rows).toml()).await;
+    a.wait_ready(Duration::from_secs(60)).await;
+    b.wait_ready(Duration::from_secs(60)).await;
+    let keys = HeldKeys::new("gone", "products");
+    let mut conn = redis.conn().await;
+    let first = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    for p in [&a, &b] {
+        eventually("checks answered by Redis", Duration::from_secs(10), || {
+            checks_redis(p, demo_absent_sku(rows + 1))
+        })
+        .await;
+    }
+    let absent = refused_key(&mut conn, &keys, &first, rows + 10).await;
+
+    redis.kill();
+    // Refusals and present keys are answered by each instance's own copy, quickly: no
+    // request waits for a Redis that is not there once the fleet has noticed.
+    for p in [&a, &b] {
+        eventually("Redis seen down", Duration::from_secs(10), || async {
+            p.admin_get("/admin/fleet").await.json()["redis"]["up"] == false
+        })
+        .await;
+        for _ in 0..20 {
+            let started = std::time::Instant::now();
+            let r = p.get(&format!("/api/products/{absent}")).await;
+            assert_eq!((r.status.as_u16(), r.stage()), (404, "intercepted"));
+            assert!(
+                started.elapsed() < Duration::from_millis(150),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+        let r = p.get(&format!("/api/products/{}", demo_sku(7))).await;
+        assert_eq!(r.status.as_u16(), 200);
+    }
+
+    // Back, empty: the builder writes a new generation, numbered past the one lost,
+    // and both instances check it.
+    redis.restart().await;
+    let mut conn = redis.conn().await;
+    let second = held_layout(&mut conn, &keys, first.generation, Duration::from_secs(30)).await;
+    for p in [&a, &b] {
+        eventually(
+            "checks answered by Redis again",
+            Duration::from_secs(10),
+            || checks_redis(p, absent),
+        )
+        .await;
+    }
+    let scripts = Scripts::new();
+    for i in 0..rows {
+        let k = demo_sku(i).to_string();
+        assert!(
+            scripts
+                .check(&mut conn, &keys, &second, k.as_bytes())
+                .await
+                .expect("check"),
+            "{k}"
+        );
+    }
+}
+
+/// The arguments of the `ACL SETUSER USER ...` line in the docs file `doc`.
+fn documented_acl(doc: &str, user: &str) -> Vec<String> {
+    let path = format!("{}/docs/{doc}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("read the docs");
+    let prefix = format!("ACL SETUSER {user} ");
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` line in {doc}"));
+    line["ACL SETUSER ".len()..]
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn set_user(conn: &mut MultiplexedConnection, rule: &[String]) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg(rule);
+    let _: () = cmd.query_async(conn).await.expect("ACL SETUSER");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_users_can_keep_and_read_the_copy_in_redis() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 1_000;
+    let db = TestDb::create(&server, rows).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let mut admin = redis.conn().await;
+    // The rules as the docs give them, for the namespace `acl`.
+    let writer: Vec<String> = documented_acl("fleet.md", "bloomgate")
+        .into_iter()
+        .map(|a| a.replace("~bloomgate:*", "~acl:*"))
+        .collect();
+    assert!(writer.contains(&"~acl:*".to_owned()), "{writer:?}");
+    set_user(&mut admin, &writer).await;
+    let reader: Vec<String> = documented_acl("redis-gate.md", "gate-reader")
+        .into_iter()
+        .map(|a| a.replace("~bloomgate:gate:*", "~acl:gate:*"))
+        .collect();
+    assert!(reader.contains(&"~acl:gate:*".to_owned()), "{reader:?}");
+    set_user(&mut admin, &reader).await;
+
+    let url = format!("redis://bloomgate:change-me@127.0.0.1:{}", redis.port());
+    let a = TestProxy::spawn(&config_at(&db, &url, "acl", "a", rows).toml()).await;
+    a.wait_ready(Duration::from_secs(60)).await;
+    let keys = HeldKeys::new("acl", "products");
+    let layout = held_layout(&mut admin, &keys, 0, Duration::from_secs(30)).await;
+    eventually("checks answered by Redis", Duration::from_secs(10), || {
+        checks_redis(&a, demo_absent_sku(rows + 1))
+    })
+    .await;
+    let added = refused_key(&mut admin, &keys, &layout, 2 * rows).await;
+    admit_on(&a, &mut admin, &keys, &layout, added).await;
+    let scripts = Scripts::new();
+    let writes_failed = a
+        .metric_or_absent(
+            "bloomgate_filter_redis_writes_total{filter=\"products\",kind=\"admission\",result=\"error\"}",
+        )
+        .await;
+    assert_eq!(writes_failed, None, "an admission write was refused");
+
+    // The reader runs the check, and nothing that writes.
+    let reader_url = format!(
+        "redis://gate-reader:reader-secret@127.0.0.1:{}",
+        redis.port()
+    );
+    let mut as_reader = redis::Client::open(reader_url.as_str())
+        .expect("reader URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect as the reader");
+    assert!(
+        scripts
+            .check(
+                &mut as_reader,
+                &keys,
+                &layout,
+                demo_sku(3).to_string().as_bytes()
+            )
+            .await
+            .expect("a reader's check")
+    );
+    let refused = scripts
+        .add(&mut as_reader, &keys, &layout, b"written-by-a-reader")
+        .await;
+    assert!(refused.is_err(), "a reader set bits: {refused:?}");
+    let set: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(keys.current())
+        .arg("x")
+        .query_async(&mut as_reader)
+        .await;
+    assert!(set.is_err(), "a reader overwrote the current record");
+}
