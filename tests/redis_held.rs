@@ -475,3 +475,83 @@ async fn the_example_python_client_gives_the_same_answers() {
         assert_eq!(g, e, "the Python client and bloomgate differ");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_at_any_step_of_a_publication_is_in_the_new_generation() {
+    use bloomgate::config::HeldConfig;
+    use bloomgate::gate::held::{HeldGate, PublishHook, PublishPhase};
+    use std::sync::Arc;
+
+    let Some(server) = redis_server() else { return };
+    let redis = TestRedis::start(&server).await;
+    let manager = redis::Client::open(redis.url().as_str())
+        .expect("url")
+        .get_connection_manager()
+        .await
+        .expect("connection manager");
+    let registry = prometheus::Registry::new();
+    let metrics = bloomgate::metrics::FilterFamilies::register(&registry)
+        .expect("families")
+        .handles("steps", 0.01, None);
+    let config = HeldConfig {
+        shard_bytes: 64 * 97,
+        ..HeldConfig::default()
+    };
+    let gate = Arc::new(HeldGate::new("steps", "bg-test", manager, config, metrics));
+    let keys = HeldKeys::new("bg-test", "steps");
+    let mut conn = redis.conn().await;
+    let scripts = Scripts::new();
+    gate.publish(&filter_with(5_000, 0.01), Duration::from_secs(30))
+        .await
+        .expect("first generation");
+
+    // What the new generation holds without the admissions, to pick keys it refuses.
+    let next = filter_with(5_000, 0.01);
+    let shadow = BloomFilter::new(next.params(), next.seed());
+    for i in 0..5_000u64 {
+        shadow.insert((i * 2).to_string().as_bytes());
+    }
+    let mut candidates = (0u64..).map(|i| format!("step-{i}"));
+    for phase in [
+        PublishPhase::Reading,
+        PublishPhase::Written,
+        PublishPhase::Replayed,
+        PublishPhase::Flipped,
+    ] {
+        let key = candidates
+            .by_ref()
+            .find(|k| !shadow.contains(k.as_bytes()))
+            .expect("a refused key");
+        shadow.insert(key.as_bytes());
+        let hook: PublishHook = {
+            let gate = Arc::clone(&gate);
+            let key = key.clone();
+            Arc::new(move |at| {
+                if at == phase {
+                    gate.admit(key.as_bytes());
+                }
+                Box::pin(async {})
+            })
+        };
+        gate.set_publish_hook(Some(hook));
+        let layout = gate
+            .publish(&next, Duration::from_secs(30))
+            .await
+            .expect("publish");
+        gate.set_publish_hook(None);
+        assert_eq!(gate.layout().as_deref(), Some(&layout), "{phase:?}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while !scripts
+            .check(&mut conn, &keys, &layout, key.as_bytes())
+            .await
+            .expect("check")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{key}, admitted at {phase:?}, is not in generation {}",
+                layout.generation
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}

@@ -29,6 +29,29 @@ use crate::metrics::FilterMetrics;
 /// generation is written again): a bound on memory, not a limit anyone should reach.
 const MAX_RECORDED: usize = 1_000_000;
 
+/// The steps of writing a Redis-held generation ([`HeldGate::publish`]), in order, as a
+/// publish hook sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishPhase {
+    /// Admissions are recorded from now on; the local bits are read and written next.
+    Reading,
+    /// The new generation's shards are written; the admissions recorded so far are
+    /// replayed into it next, and admissions go to it as well from then on.
+    Written,
+    /// The recorded admissions are in it; it is made current next.
+    Replayed,
+    /// It is current in Redis; this instance checks it next.
+    Flipped,
+}
+
+/// Called at each [`PublishPhase`] and awaited before the publication goes on: a way to
+/// hold a publication at one step while an admission arrives.
+pub type PublishHook = Arc<
+    dyn Fn(PublishPhase) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// This instance's handle on a filter held in Redis.
 pub struct HeldGate {
     name: Arc<str>,
@@ -50,6 +73,7 @@ pub struct HeldGate {
     up: AtomicBool,
     config: HeldConfig,
     metrics: FilterMetrics,
+    hook: Mutex<Option<PublishHook>>,
 }
 
 impl HeldGate {
@@ -74,6 +98,19 @@ impl HeldGate {
             up: AtomicBool::new(true),
             config,
             metrics,
+            hook: Mutex::new(None),
+        }
+    }
+
+    /// Sets the hook every publication awaits at each of its phases.
+    pub fn set_publish_hook(&self, hook: Option<PublishHook>) {
+        *lock(&self.hook) = hook;
+    }
+
+    async fn phase(&self, phase: PublishPhase) {
+        let hook = lock(&self.hook).clone();
+        if let Some(hook) = hook {
+            hook(phase).await;
         }
     }
 
@@ -212,6 +249,7 @@ impl HeldGate {
     ) -> Result<Layout, HeldError> {
         self.stale.store(false, Ordering::Release);
         *lock(&self.recording) = Some(Vec::new());
+        self.phase(PublishPhase::Reading).await;
         let result = self.publish_recorded(filter, grace).await;
         *lock(&self.recording) = None;
         // Adopted before the pending generation is let go: an admission always finds
@@ -219,6 +257,7 @@ impl HeldGate {
         match &result {
             Ok(layout) => {
                 self.metrics.redis_write("generation", true);
+                self.phase(PublishPhase::Flipped).await;
                 self.adopt(layout.clone());
             }
             Err(_) => {
@@ -243,6 +282,7 @@ impl HeldGate {
         };
         let after = self.highest.load(Ordering::Acquire);
         let written = redis_held::write(&mut conn, &self.keys, filter, upload, after).await?;
+        self.phase(PublishPhase::Written).await;
         // From here admissions go to the new generation too; the ones made while its
         // bits were read are replayed into it.
         self.pending.store(Some(Arc::new(written.clone())));
@@ -252,6 +292,7 @@ impl HeldGate {
                 .add(&mut conn, &self.keys, &written, key)
                 .await?;
         }
+        self.phase(PublishPhase::Replayed).await;
         redis_held::flip(&mut conn, &self.keys, &written, upload).await?;
         Ok(written)
     }
