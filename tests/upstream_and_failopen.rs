@@ -70,9 +70,14 @@ async fn upstream_origin_caches_found_keys_and_keeps_absent_ones_away() {
         "100 concurrent misses made one upstream call"
     );
 
-    // Absent keys: at most about p reach the upstream.
+    // Absent keys: only the gate's false positives reach the upstream, each once, and
+    // they are about p of them. (The filter holds 5,000 keys in about a hundred blocks,
+    // so its realised rate moves with its random seed: the count is checked against the
+    // proxy's own tally, and the rate only loosely.)
     const ABSENT: u64 = 10_000;
     let before = stub.hits();
+    let series = "bloomgate_requests_total{outcome=\"false_positive\",route=\"info\"}";
+    let false_positives_before = proxy.metric(series).await;
     let client = proxy.client().clone();
     let data = proxy.data;
     let replies = concurrently((0..ABSENT).collect(), 64, move |i| {
@@ -93,8 +98,13 @@ async fn upstream_origin_caches_found_keys_and_keeps_absent_ones_away() {
     assert!(replies.iter().all(|s| *s == 404));
     let reached = stub.hits() - before;
     eprintln!("upstream origin: {reached} of {ABSENT} absent-key requests reached the upstream");
+    let false_positives = proxy.metric(series).await - false_positives_before;
+    assert_eq!(
+        reached as f64, false_positives,
+        "requests that reached the upstream against the gate's false positives"
+    );
     assert!(
-        reached <= (1.3 * 0.01 * ABSENT as f64) as u64,
+        reached <= (2.0 * 0.01 * ABSENT as f64) as u64,
         "{reached} reached the upstream"
     );
 

@@ -190,6 +190,12 @@ impl HeldGate {
         if targets.is_empty() {
             return;
         }
+        if !self.up.load(Ordering::Acquire) {
+            // Redis is away: the write would fail. The builder writes a whole new
+            // generation once it is back.
+            self.stale.store(true, Ordering::Release);
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             self.stale.store(true, Ordering::Release);
             return;
