@@ -46,11 +46,7 @@ pub enum PublishPhase {
 
 /// Called at each [`PublishPhase`] and awaited before the publication goes on: a way to
 /// hold a publication at one step while an admission arrives.
-pub type PublishHook = Arc<
-    dyn Fn(PublishPhase) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-        + Send
-        + Sync,
->;
+pub type PublishHook = super::PhaseHook<PublishPhase>;
 
 /// This instance's handle on a filter held in Redis.
 pub struct HeldGate {

@@ -143,13 +143,13 @@ pub enum BuildPhase {
     Swapped,
 }
 
-/// Called at each [`BuildPhase`] of every full build, and awaited before the build goes
-/// on: a way to watch a build, or to hold it at one step.
-pub type BuildHook = Arc<
-    dyn Fn(BuildPhase) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-        + Send
-        + Sync,
->;
+/// Called at each phase `P` of a lifecycle step and awaited before the step goes on: a
+/// way to watch it, or to hold it at one phase.
+pub type PhaseHook<P> =
+    Arc<dyn Fn(P) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Called at each [`BuildPhase`] of every full build.
+pub type BuildHook = PhaseHook<BuildPhase>;
 
 /// One named filter and its lifecycle.
 pub struct Filter {
