@@ -200,6 +200,9 @@ impl Admin {
                     "sync_open_gaps": g.sync_open_gaps(),
                     "snapshot_path": cfg.snapshot_path.as_ref().map(|p| p.display().to_string()),
                     "fleet": self.fleet.as_ref().and_then(|f| f.filter_json(g.name())),
+                    "backend": cfg.backend,
+                    "holds_copy": g.has_local_copy(),
+                    "redis": g.held().map(|h| h.status_json()),
                 })
             })
             .collect();

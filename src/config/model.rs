@@ -526,6 +526,13 @@ pub struct HeldConfig {
     /// 512 MiB, Redis's largest string).
     #[serde(default = "default_shard_bytes")]
     pub shard_bytes: u64,
+    /// Whether every instance keeps its own copy of the filter in memory as well
+    /// (`true`, the default: refusals are answered locally, Redis is asked only about
+    /// keys the local copy refuses). With `false` only the builder holds one (it builds
+    /// and writes it); the other instances ask Redis about every key and fail open
+    /// while it cannot answer.
+    #[serde(default = "default_local_copy")]
+    pub local_copy: bool,
 }
 
 impl Default for HeldConfig {
@@ -533,12 +540,17 @@ impl Default for HeldConfig {
         HeldConfig {
             check_timeout: default_held_timeout(),
             shard_bytes: default_shard_bytes(),
+            local_copy: true,
         }
     }
 }
 
 fn default_held_timeout() -> Duration {
     Duration::from_millis(5)
+}
+
+fn default_local_copy() -> bool {
+    true
 }
 
 fn default_shard_bytes() -> u64 {

@@ -390,6 +390,12 @@ pub(super) fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
             );
         }
     }
+    if f.backend != Backend::Redis && !f.redis.local_copy {
+        p.add(
+            at("redis.local_copy"),
+            "false needs backend = \"redis\": without the copy in Redis nothing would gate",
+        );
+    }
     if f.backend == Backend::Redis {
         let timeout = f.redis.check_timeout;
         if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(1) {

@@ -113,6 +113,8 @@ pub struct Fleet {
     db: Db,
     position: Mutex<StreamPos>,
     token: Mutex<Option<String>>,
+    /// Redis's `maxmemory-policy` as last read (`Some(None)`: it could not be read).
+    policy: Mutex<Option<Option<String>>>,
     redis_up: AtomicBool,
     /// Woken when Redis goes away, comes back, or is found reset.
     changed: Notify,
@@ -210,6 +212,7 @@ impl Fleet {
             db,
             position: Mutex::new(StreamPos::default()),
             token: Mutex::new(None),
+            policy: Mutex::new(None),
             redis_up: AtomicBool::new(false),
             changed: Notify::new(),
             recheck: Notify::new(),
@@ -355,6 +358,7 @@ impl Fleet {
                 "up": self.redis_up(),
                 "epoch": lock(&self.token).clone(),
                 "resets_seen": self.resets.load(Ordering::Relaxed),
+                "maxmemory_policy": lock(&self.policy).clone().flatten(),
             },
             "stream": { "position": self.position().to_string() },
             "filters": filters,

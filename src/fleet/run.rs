@@ -62,7 +62,6 @@ impl Fleet {
     /// Checks Redis every `retry_interval`, and at once when a call failed: reachable, same data as before (the epoch
     /// token), stream lag, and entries trimmed past this instance's position.
     async fn watch(self: Arc<Self>) {
-        let mut warned_policy = false;
         loop {
             match self.check_epoch().await {
                 Ok(reset) => {
@@ -75,10 +74,7 @@ impl Fleet {
                     if reset {
                         self.on_reset();
                     }
-                    if !warned_policy {
-                        warned_policy = true;
-                        self.check_eviction_policy().await;
-                    }
+                    self.check_eviction_policy().await;
                     if let Err(e) = self.measure_lag().await {
                         self.redis_failed("lag check", &e);
                     }
@@ -148,25 +144,70 @@ impl Fleet {
         self.changed.notify_waiters();
     }
 
+    /// Reads Redis's `maxmemory-policy` (CONFIG GET, else INFO memory) on every check:
+    /// it can be changed at run time. Anything but `noeviction`, or a policy that cannot
+    /// be read, is logged when it changes, and a filter held in Redis stops trusting
+    /// Redis's refusals until it is `noeviction` again.
     async fn check_eviction_policy(&self) {
+        let Some(policy) = self.eviction_policy().await else {
+            // Redis did not answer: the next check reads it again.
+            return;
+        };
+        let keeps = policy.as_deref() == Some("noeviction");
+        let changed = {
+            let mut known = lock(&self.policy);
+            let changed = known.as_ref() != Some(&policy);
+            *known = Some(policy.clone());
+            changed
+        };
+        if changed && !keeps {
+            match &policy {
+                Some(p) => tracing::warn!(policy = %p,
+                    "Redis's maxmemory-policy is not noeviction: an evicted chunk, stream entry or shard loses fleet state (set maxmemory-policy noeviction)"),
+                None => tracing::warn!(
+                    "cannot read Redis's maxmemory-policy (CONFIG GET and INFO are both refused); a filter held in Redis is not checked there until it can be read as noeviction"
+                ),
+            }
+        }
+        for m in self.members.values() {
+            if let Some(held) = m.filter.held() {
+                held.set_keeps_everything(keeps);
+            }
+        }
+    }
+
+    /// The policy; `Some(None)` when Redis refuses both ways of reading it, `None` when
+    /// it did not answer.
+    async fn eviction_policy(&self) -> Option<Option<String>> {
+        let unanswered = |e: &redis::RedisError| {
+            e.is_io_error()
+                || e.is_timeout()
+                || e.is_connection_dropped()
+                || e.is_connection_refusal()
+        };
         let mut conn = self.conn.clone();
-        let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        let config: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
             .arg("GET")
             .arg("maxmemory-policy")
             .query_async(&mut conn)
             .await;
-        match policy {
-            Ok(v) => {
-                if let Some(p) = v.get(1)
-                    && p != "noeviction"
-                {
-                    tracing::warn!(policy = %p,
-                        "Redis's maxmemory-policy is not noeviction: an evicted chunk or stream entry loses fleet state (set maxmemory-policy noeviction)");
-                }
-            }
-            Err(e) => {
-                tracing::info!(error = %e, "cannot read Redis's maxmemory-policy (CONFIG may be forbidden by ACL); make sure it is noeviction")
-            }
+        match config {
+            Ok(v) if v.len() == 2 => return Some(v.get(1).cloned()),
+            Err(e) if unanswered(&e) => return None,
+            _ => {}
+        }
+        let info: redis::RedisResult<String> = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await;
+        match info {
+            Ok(info) => Some(
+                info.lines()
+                    .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+                    .map(|p| p.trim().to_owned()),
+            ),
+            Err(e) if unanswered(&e) => None,
+            Err(_) => Some(None),
         }
     }
 
@@ -221,6 +262,11 @@ impl Fleet {
                     Role::Builder => self.keep_building(&m, &mut work).await,
                 }
             };
+            if next == Role::Follower && !m.filter.wants_local_copy() {
+                // Only the builder of a filter held in Redis alone keeps a copy.
+                m.filter.unload();
+                m.filter.keep_admissions(false);
+            }
             if next != Role::Standalone {
                 self.refresh_held(&m, next).await;
             }
@@ -253,11 +299,19 @@ impl Fleet {
             }
             s.holder = None;
         }
-        tracing::warn!(filter = %m.name, ready = m.filter.is_ready(),
+        let local = m.filter.has_local_copy();
+        if !local && !m.filter.wants_local_copy() {
+            // Held in Redis alone: this instance has no copy to keep up and builds none
+            // (the filter may not fit in its memory). It fails open until Redis is back.
+            tracing::warn!(filter = %m.name,
+                "Redis unreachable: the filter is held there alone, so its requests fail open until it is back");
+            return;
+        }
+        tracing::warn!(filter = %m.name, ready = local,
             "Redis unreachable: syncing on this instance alone until it is back");
         // Alone, it runs its own builds: the first if it has no filter, then every
         // scheduled, capacity or requested rebuild.
-        if m.filter.is_ready() {
+        if local {
             work.spawn(Arc::clone(&m.filter).rebuild_loop(self.db.clone()));
         } else {
             work.spawn(Arc::clone(&m.filter).run_loader(self.db.clone()));
@@ -307,7 +361,9 @@ impl Fleet {
                     }
                 }
                 lock(&m.status).holder = Some(holder);
-                self.load_current(m).await;
+                // Without a copy of its own, a follower only notes the generation.
+                let install = m.filter.wants_local_copy();
+                self.load_current(m, install).await;
                 Role::Follower
             }
             Err(e) => {
@@ -330,8 +386,11 @@ impl Fleet {
             s.lapsed = None;
             s.holder = Some(l.value.clone());
         }
+        if !m.filter.wants_local_copy() {
+            self.prepare_copy(m).await;
+        }
         // A newer generation than this instance serves is the better start.
-        self.load_current(m).await;
+        self.load_current(m, true).await;
         work.spawn(Arc::clone(self).build(Arc::clone(m), l));
         Role::Builder
     }
@@ -368,9 +427,31 @@ impl Fleet {
         }
     }
 
+    /// About to build a filter held in Redis alone, with no copy here yet: keep the
+    /// admissions from now on for the build or load to replay. With no generation to
+    /// load, the build starts from a scan, so the admissions the stream holds (all of
+    /// them: it is not trimmed while a filter has no generation) are kept too.
+    async fn prepare_copy(&self, m: &Arc<Member>) {
+        m.filter.keep_admissions(true);
+        let mut conn = self.conn.clone();
+        match generation::current(&mut conn, &self.keys, &m.name).await {
+            Ok(None) => {}
+            Ok(Some(_)) | Err(_) => return,
+        }
+        match stream::admitted_since(self, &mut conn, &m.name, StreamPos::default()).await {
+            Ok(admitted) => {
+                for (_, key) in &admitted {
+                    m.filter.add_key(&key.as_norm());
+                }
+            }
+            Err(e) => self.redis_failed("stream replay", &e),
+        }
+    }
+
     /// Loads the current generation if it is newer than the one served (or a reload is
     /// forced), checks it, replays the stream since its start on top, and swaps it in.
-    async fn load_current(&self, m: &Arc<Member>) {
+    /// With `install` false it only records which generation is current.
+    async fn load_current(&self, m: &Arc<Member>, install: bool) {
         let mut conn = self.conn.clone();
         let current = match generation::current(&mut conn, &self.keys, &m.name).await {
             Ok(c) => c,
@@ -396,6 +477,10 @@ impl Fleet {
         let (serving, forced) = {
             let mut s = lock(&m.status);
             s.current = Some(current.clone());
+            if !install {
+                s.serving = None;
+                return;
+            }
             (s.serving.clone(), std::mem::take(&mut s.force_reload))
         };
         let newer = serving
@@ -459,7 +544,7 @@ impl Fleet {
             self.db.clone(),
         ));
         let _sync = AbortOnDrop(sync);
-        if m.filter.is_ready() {
+        if m.filter.has_local_copy() {
             // A filter is served already (loaded from the last generation and kept up
             // by the stream): publish it as the next generation, no scan needed.
             self.publish_live(&m, &l).await;
@@ -592,6 +677,7 @@ impl Fleet {
         if let Err(e) = held.refresh().await {
             tracing::debug!(filter = %m.name, error = %e, "could not read the Redis-held generation");
         }
+        held.settle_recent().await;
     }
 
     /// Writes the live filter as a new generation of its Redis-held copy (builder only).

@@ -13,9 +13,10 @@
 //! are replayed into the new one before it is made current, so no admission made during
 //! the upload is missing from it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use redis::aio::ConnectionManager;
@@ -28,6 +29,12 @@ use crate::metrics::FilterMetrics;
 /// Admissions recorded during one upload before the recording gives up (and the
 /// generation is written again): a bound on memory, not a limit anyone should reach.
 const MAX_RECORDED: usize = 1_000_000;
+
+/// How long an instance without a local copy keeps answering "maybe" itself for a key
+/// it admitted, after writing it into the generation it checks. Far longer than the
+/// change stream takes to bring the admission to the builder, whose next generation
+/// then holds it.
+const RECENT_KEEP: Duration = Duration::from_secs(60);
 
 /// The steps of writing a Redis-held generation ([`HeldGate::publish`]), in order, as a
 /// publish hook sees them.
@@ -67,6 +74,11 @@ pub struct HeldGate {
     /// Whether the fleet's last check found Redis reachable: while it is not, no check
     /// waits for a timeout.
     up: AtomicBool,
+    /// Whether Redis's eviction policy is `noeviction`, as last read: a Redis that may
+    /// evict a shard or drop a write is not trusted to refuse.
+    keeps_everything: AtomicBool,
+    /// With no local copy: keys admitted here lately (see [`Recent`]).
+    recent: Mutex<Recent>,
     config: HeldConfig,
     metrics: FilterMetrics,
     hook: Mutex<Option<PublishHook>>,
@@ -92,6 +104,8 @@ impl HeldGate {
             highest: AtomicU64::new(0),
             stale: AtomicBool::new(false),
             up: AtomicBool::new(true),
+            keeps_everything: AtomicBool::new(true),
+            recent: Mutex::new(Recent::default()),
             config,
             metrics,
             hook: Mutex::new(None),
@@ -115,20 +129,32 @@ impl HeldGate {
         self.layout.load_full()
     }
 
+    /// True while checks are sent: a generation is trusted, Redis is reachable and
+    /// keeps everything it is given.
+    pub fn answers(&self) -> bool {
+        self.trusted().is_some()
+    }
+
+    fn trusted(&self) -> Option<Arc<Layout>> {
+        if self.up.load(Ordering::Acquire) && self.keeps_everything.load(Ordering::Acquire) {
+            self.layout.load_full()
+        } else {
+            None
+        }
+    }
+
     /// Redis's answer for a key: `Some(true)` maybe, `Some(false)` absent, `None` when
     /// there is no trusted generation, Redis fails or is slower than `check_timeout`.
     pub async fn check(&self, key: &[u8]) -> Option<bool> {
-        let layout = match self.up.load(Ordering::Acquire) {
-            true => self.layout.load_full(),
-            false => None,
-        };
+        let layout = self.trusted();
         let answer = match layout {
             None => None,
             Some(layout) => {
                 let mut conn = self.conn.clone();
                 let call = self.scripts.check(&mut conn, &self.keys, &layout, key);
                 match tokio::time::timeout(self.config.check_timeout, call).await {
-                    Ok(Ok(answer)) => Some(answer),
+                    Ok(Ok(true)) => Some(true),
+                    Ok(Ok(false)) => self.recent_answer(key),
                     Ok(Err(HeldError::Missing { generation, shard })) => {
                         self.distrust(generation, &format!("shard {shard} is missing"));
                         None
@@ -145,9 +171,44 @@ impl HeldGate {
         answer
     }
 
+    /// Redis refused `key`: the answer, unless this instance admitted it lately (its
+    /// write may not have landed yet, or the generation checked may predate it).
+    fn recent_answer(&self, key: &[u8]) -> Option<bool> {
+        if self.config.local_copy {
+            return Some(false);
+        }
+        let recent = lock(&self.recent);
+        if recent.keys.contains_key(key) {
+            Some(true)
+        } else if recent.overflow_until.is_some_and(|t| Instant::now() < t) {
+            // Admissions were made here that it could not keep: any key may be one.
+            None
+        } else {
+            Some(false)
+        }
+    }
+
     /// Records whether the fleet found Redis reachable.
     pub fn set_up(&self, up: bool) {
         self.up.store(up, Ordering::Release);
+    }
+
+    /// Records whether Redis keeps every key it is given (`maxmemory-policy noeviction`).
+    /// While it may evict, its refusals are not trusted: a lost shard or bit would be a
+    /// false negative.
+    pub fn set_keeps_everything(&self, keeps: bool) {
+        if self.keeps_everything.swap(keeps, Ordering::AcqRel) == keeps {
+            return;
+        }
+        if keeps {
+            tracing::info!(filter = %self.name, "Redis keeps every key again (noeviction); its copy is checked once a newer generation is written");
+        } else {
+            tracing::error!(filter = %self.name,
+                "Redis may evict keys (maxmemory-policy is not noeviction): its copy of the filter is not asked until the policy is noeviction again");
+            // What it held may lose a shard or a bit from now on: only a generation
+            // written since is trusted again.
+            self.reset();
+        }
     }
 
     /// Redis lost its data or went back to an older copy: trust no generation read
@@ -172,6 +233,9 @@ impl HeldGate {
     /// Mirrors an admission into Redis (the trusted generation and the one being
     /// published), in a task of its own; a failure marks the copy stale.
     pub fn admit(self: &Arc<Self>, key: &[u8]) {
+        if !self.config.local_copy {
+            lock(&self.recent).remember(key);
+        }
         if let Some(recorded) = lock(&self.recording).as_mut() {
             if recorded.len() < MAX_RECORDED {
                 recorded.push(key.into());
@@ -203,6 +267,9 @@ impl HeldGate {
             for layout in targets {
                 let done = gate.scripts.add(&mut conn, &gate.keys, &layout, &key).await;
                 gate.metrics.redis_write("admission", done.is_ok());
+                if done.is_ok() && !gate.config.local_copy {
+                    lock(&gate.recent).written(&key, layout.generation);
+                }
                 if let Err(e) = done {
                     tracing::warn!(filter = %gate.name, generation = layout.generation, error = %e,
                         "an admission did not reach the filter's Redis-held copy; it is written again with the next generation");
@@ -222,6 +289,50 @@ impl HeldGate {
             self.adopt(layout);
         }
         Ok(())
+    }
+
+    /// With no local copy: writes the keys admitted here lately into the generation
+    /// checked now, where they are not yet (admitted while Redis was away or before
+    /// that generation was adopted), and forgets the ones written there long enough
+    /// ago. Called on every fleet poll.
+    pub async fn settle_recent(&self) {
+        if self.config.local_copy {
+            return;
+        }
+        let Some(layout) = self.trusted() else { return };
+        let unwritten = lock(&self.recent).settle(layout.generation, Instant::now());
+        let mut conn = self.conn.clone();
+        for key in unwritten {
+            let done = self.scripts.add(&mut conn, &self.keys, &layout, &key).await;
+            self.metrics.redis_write("admission", done.is_ok());
+            match done {
+                Ok(_) => lock(&self.recent).written(&key, layout.generation),
+                Err(e) => {
+                    tracing::debug!(filter = %self.name, error = %e, "an admission is written again on the next poll");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// What `/admin/filters` shows of the copy in Redis.
+    pub fn status_json(&self) -> serde_json::Value {
+        let layout = self.layout.load_full();
+        serde_json::json!({
+            "generation": layout.as_ref().map(|l| l.generation),
+            "items": layout.as_ref().map(|l| l.items),
+            "shards": layout.as_ref().map(|l| l.shards()),
+            "checked": self.answers(),
+            "reachable": self.up.load(Ordering::Acquire),
+            "noeviction": self.keeps_everything.load(Ordering::Acquire),
+            "stale": self.is_stale(),
+            "recent_admissions": self.recent_keys(),
+        })
+    }
+
+    /// How many keys admitted lately this instance answers for itself.
+    pub fn recent_keys(&self) -> usize {
+        lock(&self.recent).keys.len()
     }
 
     fn adopt(&self, layout: Layout) {
@@ -302,4 +413,92 @@ impl HeldGate {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Keys admitted lately on an instance without a local copy. A key is kept until it has
+/// been written into the generation checked and [`RECENT_KEEP`] has passed: until then
+/// a refusal from Redis is overruled for it, so an admission is seen here at once, and
+/// a generation adopted meanwhile (read before the builder had the key) gets it too.
+#[derive(Default)]
+struct Recent {
+    /// When each key was admitted, and the generation it was last written into (0:
+    /// none yet).
+    keys: HashMap<Box<[u8]>, (Instant, u64)>,
+    /// A key could not be kept (too many at once): until then, no refusal is trusted.
+    overflow_until: Option<Instant>,
+}
+
+impl Recent {
+    fn remember(&mut self, key: &[u8]) {
+        let now = Instant::now();
+        if let Some(entry) = self.keys.get_mut(key) {
+            *entry = (now, 0);
+        } else if self.keys.len() < MAX_RECORDED {
+            self.keys.insert(key.into(), (now, 0));
+        } else {
+            self.overflow_until = Some(now + RECENT_KEEP);
+        }
+    }
+
+    fn written(&mut self, key: &[u8], generation: u64) {
+        if let Some(entry) = self.keys.get_mut(key) {
+            entry.1 = generation;
+        }
+    }
+
+    /// Forgets the keys written into `generation` more than [`RECENT_KEEP`] ago and
+    /// returns the ones not written into it.
+    fn settle(&mut self, generation: u64, now: Instant) -> Vec<Box<[u8]>> {
+        self.keys.retain(|_, (at, written)| {
+            *written != generation || now.duration_since(*at) < RECENT_KEEP
+        });
+        self.keys
+            .iter()
+            .filter(|(_, (_, written))| *written != generation)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recent_admission_is_kept_until_written_into_the_generation_checked_and_old() {
+        let mut recent = Recent::default();
+        let t0 = Instant::now();
+        recent.remember(b"a");
+        recent.remember(b"b");
+        // Nothing written yet: both are to be written, and kept however old.
+        let mut unwritten = recent.settle(7, t0 + RECENT_KEEP * 2);
+        unwritten.sort();
+        assert_eq!(unwritten, [b"a".as_slice().into(), b"b".as_slice().into()]);
+        recent.written(b"a", 7);
+        recent.written(b"b", 6);
+        // Written into 7, but young: kept (the builder may not have it yet).
+        assert_eq!(recent.settle(7, t0), [b"b".as_slice().into()]);
+        assert_eq!(recent.keys.len(), 2);
+        // Old and in 7: forgotten. In an older generation only: written again.
+        assert_eq!(
+            recent.settle(7, t0 + RECENT_KEEP * 2),
+            [b"b".as_slice().into()]
+        );
+        assert!(!recent.keys.contains_key(b"a".as_slice()));
+        // A newer generation was adopted: a key written into 7 is to be written again.
+        recent.remember(b"c");
+        recent.written(b"c", 7);
+        let mut unwritten = recent.settle(8, t0);
+        unwritten.sort();
+        assert_eq!(unwritten, [b"b".as_slice().into(), b"c".as_slice().into()]);
+    }
+
+    #[test]
+    fn admitting_a_key_again_restarts_its_keep() {
+        let mut recent = Recent::default();
+        recent.remember(b"k");
+        recent.written(b"k", 3);
+        recent.remember(b"k");
+        assert_eq!(recent.keys.get(b"k".as_slice()).map(|e| e.1), Some(0));
+    }
 }

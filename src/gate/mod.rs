@@ -188,6 +188,10 @@ pub struct Filter {
     metrics: FilterMetrics,
     /// The copy held in Redis (`backend = "redis"`), set once at start.
     held: std::sync::OnceLock<Arc<held::HeldGate>>,
+    /// Whether admissions are kept in `admissions` for the next build or load to replay.
+    /// Off only on an instance that holds no copy of a filter held in Redis
+    /// (`redis.local_copy = false`) and does not build it: nothing would replay them.
+    keeps_admissions: AtomicBool,
 }
 
 impl Filter {
@@ -215,6 +219,7 @@ impl Filter {
             status: Mutex::new(LoadStatus::default()),
             metrics,
             held: std::sync::OnceLock::new(),
+            keeps_admissions: AtomicBool::new(true),
         }
     }
 
@@ -299,9 +304,46 @@ impl Filter {
         self.live.load_full()
     }
 
-    /// True once a filter is loaded.
+    /// True once a filter is loaded here, or (for a filter held in Redis) once a
+    /// generation in Redis is trusted. It stays true while Redis is unreachable (its
+    /// requests fail open, counted, as on any instance that cannot gate): an outage of
+    /// Redis does not take every instance out of its load balancer.
     pub fn is_ready(&self) -> bool {
+        self.has_local_copy() || self.held.get().is_some_and(|h| h.layout().is_some())
+    }
+
+    /// True once this instance holds a copy of its own (built, loaded or restored).
+    pub fn has_local_copy(&self) -> bool {
         self.live.load().is_some()
+    }
+
+    /// False for a filter held in Redis with `redis.local_copy = false`: only the
+    /// instance that builds it holds a copy.
+    pub fn wants_local_copy(&self) -> bool {
+        let config = self.config.borrow();
+        config.backend == crate::config::Backend::Local || config.redis.local_copy
+    }
+
+    /// Drops this instance's copy (an instance that stopped building a filter it need
+    /// not hold): checks go to the copy in Redis alone from now on.
+    pub fn unload(&self) {
+        let _admissions = lock(&self.admissions);
+        if self.live.swap(None).is_some() {
+            tracing::info!(filter = %self.name, "dropped this instance's copy of the filter; the copy in Redis answers");
+        }
+        self.metrics.clear_stats();
+        self.publish_metrics();
+    }
+
+    /// Starts or stops keeping admissions for a build or load to replay (see
+    /// `keeps_admissions`); stopping forgets the ones kept.
+    pub fn keep_admissions(&self, keep: bool) {
+        let mut admissions = lock(&self.admissions);
+        self.keeps_admissions.store(keep, Ordering::Release);
+        if !keep {
+            admissions.keys = HashSet::new();
+            self.metrics.set_unconfirmed(0);
+        }
     }
 
     /// Admits a key: it is present from now on. Adds it to the live filter, keeps it
@@ -314,8 +356,10 @@ impl Filter {
         let bytes = bytes.of(key);
         let added = {
             let mut admissions = lock(&self.admissions);
-            admissions.record(bytes);
-            self.metrics.set_unconfirmed(admissions.len());
+            if self.keeps_admissions.load(Ordering::Acquire) {
+                admissions.record(bytes);
+                self.metrics.set_unconfirmed(admissions.len());
+            }
             match self.live.load().as_deref() {
                 Some(f) => {
                     f.insert(bytes);

@@ -65,7 +65,7 @@ async fn poll_forever(filter: &Filter, admit: &Admit, db: &Db, sync: Option<Sync
     loop {
         // Before the first build there is nothing to add to, and no watermark: wait for
         // it, then poll at once (after a warm start, that catches up on the snapshot).
-        let Some(mark) = filter.watermark().filter(|_| filter.is_ready()) else {
+        let Some(mark) = filter.watermark().filter(|_| filter.has_local_copy()) else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };

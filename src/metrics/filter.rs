@@ -317,6 +317,16 @@ impl FilterMetrics {
         self.estimated_fpp.set(s.estimated_fpp);
     }
 
+    /// Zeroes the size gauges: this instance holds no copy of the filter.
+    pub fn clear_stats(&self) {
+        self.items.set(0);
+        self.capacity.set(0);
+        self.bits.set(0);
+        self.hashes.set(0);
+        self.fill_ratio.set(0.0);
+        self.estimated_fpp.set(0.0);
+    }
+
     /// Marks the filter ready (1) or not (0).
     pub fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));

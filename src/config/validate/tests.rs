@@ -466,4 +466,12 @@ fn a_filter_held_in_redis_needs_a_fleet_and_sane_settings() {
     let mut config = base();
     filter(&mut config, "products").redis.shard_bytes = 100;
     assert_eq!(problems(&config), Vec::new());
+    // Except one: a local filter without a local copy would gate nothing.
+    filter(&mut config, "products").redis.local_copy = false;
+    let fields: Vec<String> = problems(&config).into_iter().map(|p| p.field).collect();
+    assert_eq!(fields, ["filters.products.redis.local_copy"]);
+    assert_eq!(
+        with_fleet(|f| f.redis.local_copy = false),
+        Vec::<String>::new()
+    );
 }
