@@ -7,13 +7,15 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
 use bloomgate::gate::redis_held::{self, HeldKeys, Layout, Scripts};
 use redis::aio::MultiplexedConnection;
 use support::{
-    TestConfig, TestDb, TestProxy, TestRedis, TestRoute, eventually, mysql_url, redis_server,
+    RedisOptions, TestConfig, TestDb, TestProxy, TestRedis, TestRoute, concurrently, eventually,
+    mysql_url, redis_server,
 };
 
 const TOKEN: &str = "test-admin-token";
@@ -26,12 +28,31 @@ fn config(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> 
 
 /// As [`config`], with the Redis URL given.
 fn config_at(db: &TestDb, redis_url: &str, ns: &str, id: &str, expected: u64) -> TestConfig {
+    held_config(db, redis_url, ns, id, expected, "")
+}
+
+/// As [`config`], for a filter held in Redis alone (`local_copy = false`): only the
+/// builder holds a copy.
+fn alone(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> TestConfig {
+    held_config(db, &redis.url(), ns, id, expected, ", local_copy = false")
+}
+
+fn held_config(
+    db: &TestDb,
+    redis_url: &str,
+    ns: &str,
+    id: &str,
+    expected: u64,
+    held: &str,
+) -> TestConfig {
     TestConfig::new(&db.url)
         .admin_token(TOKEN)
         .expected_items(expected)
         .false_positive_rate(0.01)
         .filter("backend = \"redis\"")
-        .filter("redis = { check_timeout = \"200ms\", shard_bytes = 4096 }")
+        .filter(format!(
+            "redis = {{ check_timeout = \"200ms\", shard_bytes = 4096{held} }}"
+        ))
         .cache("ttl = \"10m\"")
         .cache("negative_ttl = \"10m\"")
         .route(TestRoute::sql("products", "/api/products/{id}"))
@@ -123,6 +144,16 @@ async fn admit_on(
         )
         .await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    wait_in_redis(conn, keys, layout, added).await;
+}
+
+/// Waits (at most 2 s) until the copy in Redis holds `added`.
+async fn wait_in_redis(
+    conn: &mut MultiplexedConnection,
+    keys: &HeldKeys,
+    layout: &Layout,
+    added: u64,
+) {
     let scripts = Scripts::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     while !scripts
@@ -411,4 +442,247 @@ async fn the_documented_acl_users_can_keep_and_read_the_copy_in_redis() {
         .query_async(&mut as_reader)
         .await;
     assert!(set.is_err(), "a reader overwrote the current record");
+}
+
+/// The filter's entry in `proxy`'s `/admin/filters`.
+async fn filter_status(proxy: &TestProxy) -> serde_json::Value {
+    proxy.admin_get("/admin/filters").await.json()["filters"][0].clone()
+}
+
+/// The filter's role on `proxy`, from `/admin/fleet`.
+async fn role(proxy: &TestProxy) -> String {
+    proxy.admin_get("/admin/fleet").await.json()["filters"][0]["role"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Asks `proxy` for the product of every key, 32 at a time: (key, status, stage).
+async fn ask_all(proxy: &Arc<TestProxy>, keys: Vec<u64>) -> Vec<(u64, u16, String)> {
+    let proxy = Arc::clone(proxy);
+    concurrently(keys, 32, move |k| {
+        let proxy = Arc::clone(&proxy);
+        async move {
+            let r = proxy.get(&format!("/api/products/{k}")).await;
+            (k, r.status.as_u16(), r.stage().to_owned())
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_present_one() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 100_000;
+    let db = TestDb::create_heavy(&server, rows).await;
+    let mut redis = TestRedis::start(&redis_bin).await;
+    // `a` starts alone and takes the lease: it builds, so it holds the only copy.
+    let a = TestProxy::spawn(&alone(&db, &redis, "alone", "a", rows).toml()).await;
+    a.wait_ready(Duration::from_secs(120)).await;
+    eventually("a builds", Duration::from_secs(10), || async {
+        role(&a).await == "builder"
+    })
+    .await;
+    let keys = HeldKeys::new("alone", "products");
+    let mut conn = redis.conn().await;
+    let layout = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    let b = Arc::new(TestProxy::spawn(&alone(&db, &redis, "alone", "b", rows).toml()).await);
+    // Ready from the generation in Redis, with no copy of its own.
+    b.wait_ready(Duration::from_secs(30)).await;
+    assert_eq!(role(&b).await, "follower");
+    let fb = filter_status(&b).await;
+    assert_eq!(fb["holds_copy"], false, "{fb}");
+    assert_eq!(fb["bits"], serde_json::Value::Null, "{fb}");
+    assert_eq!(fb["redis"]["generation"], layout.generation, "{fb}");
+    assert_eq!(fb["redis"]["checked"], true, "{fb}");
+    assert_eq!(
+        b.metric("bloomgate_filter_bits{filter=\"products\"}").await,
+        0.0
+    );
+    assert_eq!(filter_status(&a).await["holds_copy"], true);
+
+    // Every present key, through the proxy: Redis is asked about each one, and none
+    // is refused.
+    let maybe = "bloomgate_filter_redis_checks_total{answer=\"maybe\",filter=\"products\"}";
+    let maybe_before = b.metric_or_absent(maybe).await.unwrap_or(0.0);
+    let present: Vec<u64> = (0..rows).map(demo_sku).collect();
+    let refused: Vec<_> = ask_all(&b, present)
+        .await
+        .into_iter()
+        .filter(|(_, status, _)| *status != 200)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} present keys not served, e.g. {:?}",
+        refused.len(),
+        &refused[..refused.len().min(5)]
+    );
+    assert!(b.metric(maybe).await - maybe_before >= rows as f64);
+
+    // Absent keys: exactly the ones the copy in Redis lets through reach the origin,
+    // at the configured rate.
+    let absent: Vec<u64> = (0..rows).map(demo_absent_sku).collect();
+    let answers = ask_all(&b, absent.clone()).await;
+    let scripts = Scripts::new();
+    let mut disagree = Vec::new();
+    let mut passed = 0u64;
+    for (k, status, stage) in &answers {
+        assert_eq!(*status, 404, "absent key {k}");
+        let through = stage != "intercepted";
+        passed += u64::from(through);
+        let says = scripts
+            .check(&mut conn, &keys, &layout, k.to_string().as_bytes())
+            .await
+            .expect("check");
+        if says != through {
+            disagree.push((*k, stage.clone(), says));
+        }
+    }
+    assert!(
+        disagree.is_empty(),
+        "{:?}",
+        &disagree[..disagree.len().min(5)]
+    );
+    let rate = passed as f64 / rows as f64;
+    assert!(
+        rate <= 0.012,
+        "false-positive rate through the proxy: {rate}"
+    );
+
+    // An admission on `b` is let through by `b` at once, before anything else happens
+    // (its write into Redis may still be on its way), and is in Redis soon after.
+    for n in 0..20 {
+        let added = refused_key(&mut conn, &keys, &layout, 3 * rows + n * 1000).await;
+        let r = b
+            .admin_post(
+                "/admin/filters/products/keys",
+                Some(TOKEN),
+                &added.to_string(),
+            )
+            .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        let r = b.get(&format!("/api/products/{added}")).await;
+        assert_ne!(
+            r.stage(),
+            "intercepted",
+            "{added} admitted on b, refused by b"
+        );
+        wait_in_redis(&mut conn, &keys, &layout, added).await;
+    }
+
+    // Redis killed: `b` has nothing to refuse with and fails open (counted); `a`
+    // refuses from its copy.
+    let refused_absent = refused_key(&mut conn, &keys, &layout, 5 * rows).await;
+    redis.kill();
+    eventually("Redis seen down", Duration::from_secs(10), || async {
+        b.admin_get("/admin/fleet").await.json()["redis"]["up"] == false
+    })
+    .await;
+    let fail_open = "bloomgate_requests_total{outcome=\"fail_open\",route=\"products\"}";
+    let opened_before = b.metric_or_absent(fail_open).await.unwrap_or(0.0);
+    let r = b.get(&format!("/api/products/{refused_absent}")).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (404, "fail-open"));
+    assert!(b.metric(fail_open).await > opened_before);
+    let r = b.get(&format!("/api/products/{}", demo_sku(11))).await;
+    assert_eq!(r.status.as_u16(), 200);
+    let r = a.get(&format!("/api/products/{refused_absent}")).await;
+    assert_eq!(r.stage(), "intercepted");
+    // Still ready: an outage of Redis does not take it out of a load balancer.
+    assert_eq!(b.admin_get("/readyz").await.status.as_u16(), 200);
+    assert_eq!(filter_status(&b).await["holds_copy"], false);
+
+    // Back, empty: the builder writes a new generation and `b` refuses with it.
+    redis.restart().await;
+    let mut conn = redis.conn().await;
+    held_layout(&mut conn, &keys, layout.generation, Duration::from_secs(30)).await;
+    eventually(
+        "b refuses through Redis again",
+        Duration::from_secs(10),
+        || checks_redis(&b, refused_absent),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_may_evict_is_not_asked_until_its_policy_is_noeviction_again() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 2_000;
+    let db = TestDb::create(&server, rows).await;
+    let redis = TestRedis::start_with(
+        &redis_bin,
+        RedisOptions::new().args(&["--maxmemory-policy", "allkeys-lru"]),
+    )
+    .await;
+    // `a` builds (it starts first and takes the lease); `b` holds no copy.
+    let a = TestProxy::spawn(&config(&db, &redis, "evict", "a", rows).toml()).await;
+    a.wait_ready(Duration::from_secs(60)).await;
+    eventually("a builds", Duration::from_secs(10), || async {
+        role(&a).await == "builder"
+    })
+    .await;
+    let keys = HeldKeys::new("evict", "products");
+    let mut conn = redis.conn().await;
+    let first = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    let b = TestProxy::spawn(&alone(&db, &redis, "evict", "b", rows).toml()).await;
+    eventually(
+        "b knows the generation",
+        Duration::from_secs(10),
+        || async { filter_status(&b).await["redis"]["generation"].is_u64() },
+    )
+    .await;
+    let absent = refused_key(&mut conn, &keys, &first, rows + 10).await;
+
+    // The generation is written, but neither instance trusts a Redis that may evict
+    // one of its shards: `a` refuses from its own copy, `b` (no copy) fails open.
+    let fleet = a.admin_get("/admin/fleet").await.json();
+    assert_eq!(fleet["redis"]["maxmemory_policy"], "allkeys-lru", "{fleet}");
+    let none = "bloomgate_filter_redis_checks_total{answer=\"none\",filter=\"products\"}";
+    let answered = "bloomgate_filter_redis_checks_total{answer=\"absent\",filter=\"products\"}";
+    for p in [&a, &b] {
+        let s = filter_status(p).await;
+        assert_eq!(s["redis"]["checked"], false, "{s}");
+        assert_eq!(s["redis"]["noeviction"], false, "{s}");
+    }
+    let none_before = a.metric_or_absent(none).await.unwrap_or(0.0);
+    let r = a.get(&format!("/api/products/{absent}")).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (404, "intercepted"));
+    assert!(a.metric(none).await > none_before);
+    assert_eq!(a.metric_or_absent(answered).await.unwrap_or(0.0), 0.0);
+    let r = b.get(&format!("/api/products/{absent}")).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (404, "fail-open"));
+
+    // The policy set right at run time: both ask Redis again.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+    for p in [&a, &b] {
+        eventually("checks answered by Redis", Duration::from_secs(10), || {
+            checks_redis(p, absent)
+        })
+        .await;
+    }
+
+    // And set wrong again: no longer asked, at once on the next poll.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-lru")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+    eventually("b fails open again", Duration::from_secs(10), || async {
+        b.get(&format!("/api/products/{absent}")).await.stage() == "fail-open"
+    })
+    .await;
+    let r = a.get(&format!("/api/products/{absent}")).await;
+    assert_eq!(r.stage(), "intercepted");
+    assert_eq!(filter_status(&a).await["redis"]["checked"], false);
 }
