@@ -12,10 +12,13 @@ use std::time::Duration;
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
 use bloomgate::gate::redis_held::{self, HeldKeys, Layout, Scripts};
+use bytes::Bytes;
+use http::Method;
 use redis::aio::MultiplexedConnection;
+use support::binary::Bloomgate;
 use support::{
-    RedisOptions, TestConfig, TestDb, TestProxy, TestRedis, TestRoute, concurrently, eventually,
-    mysql_url, redis_server,
+    HttpClient, RedisOptions, Reply, TestConfig, TestDb, TestProxy, TestRedis, TestRoute,
+    concurrently, eventually, mysql_url, redis_server,
 };
 
 const TOKEN: &str = "test-admin-token";
@@ -685,4 +688,219 @@ async fn a_redis_that_may_evict_is_not_asked_until_its_policy_is_noeviction_agai
     let r = a.get(&format!("/api/products/{absent}")).await;
     assert_eq!(r.stage(), "intercepted");
     assert_eq!(filter_status(&a).await["redis"]["checked"], false);
+}
+
+/// GET `path` on the admin plane (`admin`) or the data plane of `bin`.
+async fn bin_get(client: &HttpClient, bin: &Bloomgate, admin: bool, path: &str) -> Reply {
+    let addr = if admin { bin.admin } else { bin.data };
+    client
+        .send(
+            Method::GET,
+            &format!("http://{addr}{path}"),
+            &[],
+            Bytes::new(),
+        )
+        .await
+}
+
+/// The `products` filter as `bin`'s `/admin/filters` and `/admin/fleet` show it.
+async fn bin_state(client: &HttpClient, bin: &Bloomgate) -> (String, serde_json::Value) {
+    let fleet = bin_get(client, bin, true, "/admin/fleet").await.json();
+    let role = fleet["filters"][0]["role"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    let filter = bin_get(client, bin, true, "/admin/filters").await.json()["filters"][0].clone();
+    (role, filter)
+}
+
+/// Waits until exactly one of `bins` builds and holds a copy, and the others follow
+/// with none; returns the builder's index.
+async fn one_copy(client: &HttpClient, bins: &[&Bloomgate], limit: Duration) -> usize {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let mut states = Vec::new();
+        for b in bins {
+            states.push(bin_state(client, b).await);
+        }
+        let builders: Vec<usize> = (0..bins.len())
+            .filter(|&i| states[i].0 == "builder" && states[i].1["holds_copy"] == true)
+            .collect();
+        let followers = states
+            .iter()
+            .filter(|(role, f)| role == "follower" && f["holds_copy"] == false)
+            .count();
+        if builders.len() == 1 && followers == bins.len() - 1 {
+            return builders[0];
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not one builder with the only copy: {:?}",
+            states
+                .iter()
+                .map(|(r, f)| (r, &f["holds_copy"]))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every instance in `bins` refuses `absent` and serves `present`.
+async fn all_gate(client: &HttpClient, bins: &[&Bloomgate], absent: u64, present: u64) {
+    for b in bins {
+        let r = bin_get(client, b, false, &format!("/api/products/{absent}")).await;
+        assert_eq!((r.status.as_u16(), r.stage()), (404, "intercepted"));
+        let r = bin_get(client, b, false, &format!("/api/products/{present}")).await;
+        assert_eq!(r.status.as_u16(), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 5_000;
+    let db = TestDb::create(&server, rows).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let toml = |id: &str| {
+        held_config(
+            &db,
+            &redis.url(),
+            "takeover",
+            id,
+            rows,
+            ", local_copy = false",
+        )
+        .server("listen = \"127.0.0.1:0\"")
+        .admin("listen = \"127.0.0.1:0\"")
+        .toml()
+    };
+    let client = HttpClient::new();
+    let mut a = Bloomgate::serve(&toml("a"), &[]).await;
+    one_copy(&client, &[&a], Duration::from_secs(60)).await;
+    let keys = HeldKeys::new("takeover", "products");
+    let mut conn = redis.conn().await;
+    let first = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    let b = Bloomgate::serve(&toml("b"), &[]).await;
+    let c = Bloomgate::serve(&toml("c"), &[]).await;
+    assert_eq!(
+        one_copy(&client, &[&a, &b, &c], Duration::from_secs(30)).await,
+        0
+    );
+    let absent = refused_key(&mut conn, &keys, &first, rows + 10).await;
+    all_gate(&client, &[&a, &b, &c], absent, demo_sku(5)).await;
+
+    // SIGKILL the builder: no lease release. One survivor takes the lease once it
+    // expires, loads the last generation the fleet published (no scan of the source),
+    // and writes a new generation of the copy in Redis; the other still holds none.
+    a.signal("KILL");
+    assert_eq!(a.wait_exit(Duration::from_secs(10)).await, None);
+    all_gate(&client, &[&b, &c], absent, demo_sku(6)).await;
+    let survivors = [&b, &c];
+    let nb = one_copy(&client, &survivors, Duration::from_secs(20)).await;
+    let (_, state) = bin_state(&client, survivors[nb]).await;
+    assert_eq!(state["last_load"]["reason"], "published", "{state}");
+    let second = held_layout(&mut conn, &keys, first.generation, Duration::from_secs(20)).await;
+    all_gate(&client, &survivors, absent, demo_sku(7)).await;
+
+    // The lease taken over (as after a pause longer than its expiry): the builder
+    // stops building and drops its copy. Once the lease expires an instance takes it,
+    // loads the copy and writes a new generation.
+    let _: () = redis::cmd("SET")
+        .arg("takeover:filter:products:lease")
+        .arg("elsewhere")
+        .arg("PX")
+        .arg(3000)
+        .query_async(&mut conn)
+        .await
+        .expect("SET lease");
+    eventually(
+        "the builder drops its copy",
+        Duration::from_secs(10),
+        || async {
+            let states = [bin_state(&client, &b).await, bin_state(&client, &c).await];
+            states
+                .iter()
+                .all(|(role, f)| role == "follower" && f["holds_copy"] == false)
+        },
+    )
+    .await;
+    all_gate(&client, &survivors, absent, demo_sku(8)).await;
+    one_copy(&client, &survivors, Duration::from_secs(20)).await;
+    held_layout(&mut conn, &keys, second.generation, Duration::from_secs(20)).await;
+    all_gate(&client, &survivors, absent, demo_sku(9)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_that_has_not_reached_redis_is_let_through_by_the_instance_that_made_it() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 1_000;
+    let db = TestDb::create(&server, rows).await;
+    let redis = TestRedis::start(&redis_bin).await;
+    let a = TestProxy::spawn(&config(&db, &redis, "unwritten", "a", rows).toml()).await;
+    a.wait_ready(Duration::from_secs(60)).await;
+    eventually("a builds", Duration::from_secs(10), || async {
+        role(&a).await == "builder"
+    })
+    .await;
+    let keys = HeldKeys::new("unwritten", "products");
+    let mut admin = redis.conn().await;
+    let layout = held_layout(&mut admin, &keys, 0, Duration::from_secs(30)).await;
+    // `b` runs as a user that may not set bits nor append to the change stream: its
+    // admissions reach neither the copy in Redis nor the builder.
+    let mut rule: Vec<String> = documented_acl("fleet.md", "bloomgate")
+        .into_iter()
+        .map(|a| a.replace("~bloomgate:*", "~unwritten:*"))
+        .collect();
+    rule.extend(["-setbit".to_owned(), "-xadd".to_owned()]);
+    set_user(&mut admin, &rule).await;
+    let url = format!("redis://bloomgate:change-me@127.0.0.1:{}", redis.port());
+    let b = TestProxy::spawn(
+        &held_config(&db, &url, "unwritten", "b", rows, ", local_copy = false").toml(),
+    )
+    .await;
+    b.wait_ready(Duration::from_secs(30)).await;
+    assert_eq!(filter_status(&b).await["holds_copy"], false);
+
+    let scripts = Scripts::new();
+    for n in 0..5 {
+        let added = refused_key(&mut admin, &keys, &layout, 2 * rows + n * 100).await;
+        let r = b
+            .admin_post(
+                "/admin/filters/products/keys",
+                Some(TOKEN),
+                &added.to_string(),
+            )
+            .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        // Polls come and go (each tries to write it again, and fails): `b` answers
+        // for the key itself, while Redis and the builder still refuse it.
+        for _ in 0..3 {
+            let r = b.get(&format!("/api/products/{added}")).await;
+            assert_eq!(r.status.as_u16(), 404);
+            assert_ne!(
+                r.stage(),
+                "intercepted",
+                "{added} admitted on b, refused by b"
+            );
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        assert!(
+            !scripts
+                .check(&mut admin, &keys, &layout, added.to_string().as_bytes())
+                .await
+                .expect("check"),
+            "{added} reached Redis after all"
+        );
+        let r = a.get(&format!("/api/products/{added}")).await;
+        assert_eq!(r.stage(), "intercepted");
+    }
+    let failed = b
+        .metric("bloomgate_filter_redis_writes_total{filter=\"products\",kind=\"admission\",result=\"error\"}")
+        .await;
+    assert!(failed >= 5.0, "{failed}");
+    assert_eq!(filter_status(&b).await["redis"]["recent_admissions"], 5);
 }
