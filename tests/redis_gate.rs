@@ -876,6 +876,7 @@ async fn an_admission_that_has_not_reached_redis_is_let_through_by_the_instance_
             )
             .await;
         assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        assert_eq!(r.json()["added"], 1, "{}", r.text());
         // Polls come and go (each tries to write it again, and fails): `b` answers
         // for the key itself, while Redis and the builder still refuse it.
         for _ in 0..3 {

@@ -349,7 +349,8 @@ impl Filter {
     /// Admits a key: it is present from now on. Adds it to the live filter, keeps it
     /// until a build's source lists it (so the next swap cannot lose it), and moves its
     /// fence stripe. Returns false if no filter is loaded yet; the key is then added when
-    /// the first one is. Callers drop the key's negative cache entries afterwards (the
+    /// the first one is. (A filter held in Redis alone has no filter of its own to wait
+    /// for: true.) Callers drop the key's negative cache entries afterwards (the
     /// order the fence relies on: filter, stripe, cache).
     pub fn add_key(&self, key: &NormKey<'_>) -> bool {
         let mut bytes = KeyBytes::new();
@@ -375,7 +376,9 @@ impl Filter {
         if added {
             self.watch_capacity();
         }
-        added
+        // Held in Redis alone: the key is in the copy that answers (or this instance
+        // answers for it until it is), with no copy of its own to wait for.
+        added || (self.held.get().is_some() && !self.wants_local_copy())
     }
 
     /// A fence for a negative entry of `key`: taken before the origin is asked, it tells
