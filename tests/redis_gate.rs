@@ -596,8 +596,14 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
     assert_eq!(b.admin_get("/readyz").await.status.as_u16(), 200);
     assert_eq!(filter_status(&b).await["holds_copy"], false);
 
-    // Back, empty: the builder writes a new generation and `b` refuses with it.
+    // Back, empty: the builder writes a new generation and `b` refuses with it. In
+    // between (no generation to trust), `b` stays ready and fails open.
     redis.restart().await;
+    eventually("b sees Redis reset", Duration::from_secs(10), || async {
+        b.admin_get("/admin/fleet").await.json()["redis"]["resets_seen"] == 1
+    })
+    .await;
+    assert_eq!(b.admin_get("/readyz").await.status.as_u16(), 200);
     let mut conn = redis.conn().await;
     held_layout(&mut conn, &keys, layout.generation, Duration::from_secs(30)).await;
     eventually(

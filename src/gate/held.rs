@@ -129,6 +129,11 @@ impl HeldGate {
         self.layout.load_full()
     }
 
+    /// True once any generation was adopted, whatever happened to Redis since.
+    pub fn adopted_any(&self) -> bool {
+        self.highest.load(Ordering::Acquire) > 0
+    }
+
     /// True while checks are sent: a generation is trusted, Redis is reachable and
     /// keeps everything it is given.
     pub fn answers(&self) -> bool {

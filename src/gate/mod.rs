@@ -305,11 +305,11 @@ impl Filter {
     }
 
     /// True once a filter is loaded here, or (for a filter held in Redis) once a
-    /// generation in Redis is trusted. It stays true while Redis is unreachable (its
-    /// requests fail open, counted, as on any instance that cannot gate): an outage of
-    /// Redis does not take every instance out of its load balancer.
+    /// generation in Redis was adopted. It stays true whatever happens to Redis after
+    /// (requests that cannot be gated fail open, counted, as on any instance): an outage
+    /// or a restart of Redis does not take every instance out of its load balancer.
     pub fn is_ready(&self) -> bool {
-        self.has_local_copy() || self.held.get().is_some_and(|h| h.layout().is_some())
+        self.has_local_copy() || self.held.get().is_some_and(|h| h.adopted_any())
     }
 
     /// True once this instance holds a copy of its own (built, loaded or restored).
