@@ -5,7 +5,9 @@
 //! through the change stream that every instance applies. When Redis is unreachable,
 //! each instance goes on alone (its own sync; its own build if it has no filter) and
 //! rejoins when Redis is back. Lookups stay local: no request waits on Redis, except
-//! for the keys a filter held in Redis too (`backend = "redis"`, `gate::held`) refuses.
+//! for the keys a filter held in Redis too (`backend = "redis"`, `gate::held`) refuses,
+//! or every key of one held there alone (`redis.local_copy = false`: only its builder
+//! holds a copy, and the other instances neither load generations nor build).
 //!
 //! `keys` names every key, `lease` the builder lease, `generation` the shared
 //! snapshots, `stream` the change stream, `change` its entries, `run` the loops.

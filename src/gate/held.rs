@@ -8,6 +8,11 @@
 //! cannot refuse a key this instance knows. A check that Redis does not answer within
 //! `check_timeout`, or answers for a shard it no longer holds, leaves the local verdict.
 //!
+//! With `redis.local_copy = false` only the builder holds a local copy; every other
+//! instance asks Redis about every key, and answers "maybe" itself for the keys it
+//! admitted lately (see `Recent`), so its own admissions pass at once. Redis's
+//! refusals are trusted only while its eviction policy is `noeviction`.
+//!
 //! While the builder writes a new generation, admissions are recorded; once the new
 //! shards are written they are written into both generations, and the recorded ones
 //! are replayed into the new one before it is made current, so no admission made during
