@@ -573,6 +573,9 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
             "{added} admitted on b, refused by b"
         );
         wait_in_redis(&mut conn, &keys, &layout, added).await;
+        // Once in Redis, every instance lets it through, whatever its own copy says.
+        let r = a.get(&format!("/api/products/{added}")).await;
+        assert_ne!(r.stage(), "intercepted", "{added} in Redis, refused by a");
     }
 
     // Redis killed: `b` has nothing to refuse with and fails open (counted); `a`
