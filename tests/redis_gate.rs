@@ -799,6 +799,19 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
     );
     let absent = refused_key(&mut conn, &keys, &first, rows + 10).await;
     all_gate(&client, &[&a, &b, &c], absent, demo_sku(5)).await;
+    // A key the source does not hold, admitted on a follower: only the generations to
+    // come, the change stream and the copy in Redis know it.
+    let admitted = refused_key(&mut conn, &keys, &first, 2 * rows).await;
+    let r = client
+        .send(
+            Method::POST,
+            &format!("http://{}/admin/filters/products/keys", b.admin),
+            &[("authorization", &format!("Bearer {TOKEN}"))],
+            Bytes::from(admitted.to_string()),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    wait_in_redis(&mut conn, &keys, &first, admitted).await;
 
     // SIGKILL the builder: no lease release. One survivor takes the lease once it
     // expires, loads the last generation the fleet published (no scan of the source),
@@ -812,6 +825,16 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
     assert_eq!(state["last_load"]["reason"], "published", "{state}");
     let second = held_layout(&mut conn, &keys, first.generation, Duration::from_secs(20)).await;
     all_gate(&client, &survivors, absent, demo_sku(7)).await;
+    // The new builder's generation holds the admitted key (from the stream, replayed on
+    // the generation it loaded).
+    assert!(
+        Scripts::new()
+            .check(&mut conn, &keys, &second, admitted.to_string().as_bytes())
+            .await
+            .expect("check"),
+        "{admitted} admitted before the takeover is not in generation {}",
+        second.generation
+    );
 
     // The lease taken over (as after a pause longer than its expiry): the builder
     // stops building and drops its copy. Once the lease expires an instance takes it,
@@ -837,8 +860,16 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
     .await;
     all_gate(&client, &survivors, absent, demo_sku(8)).await;
     one_copy(&client, &survivors, Duration::from_secs(20)).await;
-    held_layout(&mut conn, &keys, second.generation, Duration::from_secs(20)).await;
+    let third = held_layout(&mut conn, &keys, second.generation, Duration::from_secs(20)).await;
     all_gate(&client, &survivors, absent, demo_sku(9)).await;
+    assert!(
+        Scripts::new()
+            .check(&mut conn, &keys, &third, admitted.to_string().as_bytes())
+            .await
+            .expect("check"),
+        "{admitted} is not in generation {}",
+        third.generation
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

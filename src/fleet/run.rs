@@ -428,17 +428,19 @@ impl Fleet {
     }
 
     /// About to build a filter held in Redis alone, with no copy here yet: keep the
-    /// admissions from now on for the build or load to replay. With no generation to
-    /// load, the build starts from a scan, so the admissions the stream holds (all of
-    /// them: it is not trimmed while a filter has no generation) are kept too.
+    /// admissions from now on for the build or load to replay, and the ones the stream
+    /// holds since the current generation's build started (all of them when there is
+    /// none: the stream is not trimmed then). Loading that generation replays them too;
+    /// if there is none, or it is refused, the build starts from a scan, which does not
+    /// list a key admitted that the source lacks.
     async fn prepare_copy(&self, m: &Arc<Member>) {
         m.filter.keep_admissions(true);
         let mut conn = self.conn.clone();
-        match generation::current(&mut conn, &self.keys, &m.name).await {
-            Ok(None) => {}
-            Ok(Some(_)) | Err(_) => return,
-        }
-        match stream::admitted_since(self, &mut conn, &m.name, StreamPos::default()).await {
+        let from = match generation::current(&mut conn, &self.keys, &m.name).await {
+            Ok(current) => current.map_or(StreamPos::default(), |c| c.start),
+            Err(_) => return,
+        };
+        match stream::admitted_since(self, &mut conn, &m.name, from).await {
             Ok(admitted) => {
                 for (_, key) in &admitted {
                     m.filter.add_key(&key.as_norm());
