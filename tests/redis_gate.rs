@@ -108,6 +108,20 @@ async fn checks_redis(proxy: &TestProxy, absent: u64) -> bool {
     r.status.as_u16() == 404 && r.stage() == "intercepted" && after > before
 }
 
+/// Whether generation `layout` of the copy in Redis may hold `key`, asked as another
+/// service would.
+async fn in_redis(
+    conn: &mut MultiplexedConnection,
+    keys: &HeldKeys,
+    layout: &Layout,
+    key: u64,
+) -> bool {
+    Scripts::new()
+        .check(conn, keys, layout, key.to_string().as_bytes())
+        .await
+        .expect("check")
+}
+
 /// An absent key the instances' filters refuse (their local copies and Redis's hold the
 /// same bits), found through the copy in Redis.
 async fn refused_key(
@@ -116,14 +130,9 @@ async fn refused_key(
     layout: &Layout,
     from: u64,
 ) -> u64 {
-    let scripts = Scripts::new();
     for i in from.. {
         let k = demo_absent_sku(i);
-        if !scripts
-            .check(conn, keys, layout, k.to_string().as_bytes())
-            .await
-            .expect("check")
-        {
+        if !in_redis(conn, keys, layout, k).await {
             return k;
         }
     }
@@ -157,13 +166,8 @@ async fn wait_in_redis(
     layout: &Layout,
     added: u64,
 ) {
-    let scripts = Scripts::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while !scripts
-        .check(conn, keys, layout, added.to_string().as_bytes())
-        .await
-        .expect("check")
-    {
+    while !in_redis(conn, keys, layout, added).await {
         assert!(
             std::time::Instant::now() < deadline,
             "admission of {added} not in Redis"
@@ -528,17 +532,13 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
     // at the configured rate.
     let absent: Vec<u64> = (0..rows).map(demo_absent_sku).collect();
     let answers = ask_all(&b, absent.clone()).await;
-    let scripts = Scripts::new();
     let mut disagree = Vec::new();
     let mut passed = 0u64;
     for (k, status, stage) in &answers {
         assert_eq!(*status, 404, "absent key {k}");
         let through = stage != "intercepted";
         passed += u64::from(through);
-        let says = scripts
-            .check(&mut conn, &keys, &layout, k.to_string().as_bytes())
-            .await
-            .expect("check");
+        let says = in_redis(&mut conn, &keys, &layout, *k).await;
         if says != through {
             disagree.push((*k, stage.clone(), says));
         }
@@ -828,10 +828,7 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
     // The new builder's generation holds the admitted key (from the stream, replayed on
     // the generation it loaded).
     assert!(
-        Scripts::new()
-            .check(&mut conn, &keys, &second, admitted.to_string().as_bytes())
-            .await
-            .expect("check"),
+        in_redis(&mut conn, &keys, &second, admitted).await,
         "{admitted} admitted before the takeover is not in generation {}",
         second.generation
     );
@@ -863,10 +860,7 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
     let third = held_layout(&mut conn, &keys, second.generation, Duration::from_secs(20)).await;
     all_gate(&client, &survivors, absent, demo_sku(9)).await;
     assert!(
-        Scripts::new()
-            .check(&mut conn, &keys, &third, admitted.to_string().as_bytes())
-            .await
-            .expect("check"),
+        in_redis(&mut conn, &keys, &third, admitted).await,
         "{admitted} is not in generation {}",
         third.generation
     );
@@ -905,7 +899,6 @@ async fn an_admission_that_has_not_reached_redis_is_let_through_by_the_instance_
     b.wait_ready(Duration::from_secs(30)).await;
     assert_eq!(filter_status(&b).await["holds_copy"], false);
 
-    let scripts = Scripts::new();
     for n in 0..5 {
         let added = refused_key(&mut admin, &keys, &layout, 2 * rows + n * 100).await;
         let r = b
@@ -930,10 +923,7 @@ async fn an_admission_that_has_not_reached_redis_is_let_through_by_the_instance_
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
         assert!(
-            !scripts
-                .check(&mut admin, &keys, &layout, added.to_string().as_bytes())
-                .await
-                .expect("check"),
+            !in_redis(&mut admin, &keys, &layout, added).await,
             "{added} reached Redis after all"
         );
         let r = a.get(&format!("/api/products/{added}")).await;

@@ -10,12 +10,14 @@
 //! holds a copy, and the other instances neither load generations nor build).
 //!
 //! `keys` names every key, `lease` the builder lease, `generation` the shared
-//! snapshots, `stream` the change stream, `change` its entries, `run` the loops.
+//! snapshots, `stream` the change stream, `change` its entries, `run` the loops,
+//! `policy` Redis's eviction policy.
 
 pub mod change;
 pub mod generation;
 pub mod keys;
 pub mod lease;
+mod policy;
 mod run;
 pub mod stream;
 

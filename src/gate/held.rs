@@ -134,6 +134,11 @@ impl HeldGate {
         self.layout.load_full()
     }
 
+    /// Whether every instance holds a copy of its own (`redis.local_copy`).
+    pub fn local_copy(&self) -> bool {
+        self.config.local_copy
+    }
+
     /// True once any generation was adopted, whatever happened to Redis since.
     pub fn adopted_any(&self) -> bool {
         self.highest.load(Ordering::Acquire) > 0

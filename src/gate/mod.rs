@@ -10,6 +10,7 @@
 //! also moves a counter of its key's stripe, which the origin lookup reads before it
 //! asks and checks after it stored a negative entry ([`Fence`]).
 
+mod admissions;
 pub mod admit;
 mod build;
 pub mod held;
@@ -17,7 +18,6 @@ pub mod membership;
 pub mod redis_held;
 pub mod sync;
 
-use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,6 +35,7 @@ use crate::gate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use crate::key::{KeyBytes, NormKey};
 use crate::metrics::FilterMetrics;
 use crate::watermark::Watermark;
+use admissions::Admissions;
 use membership::{Membership, Probe};
 
 /// What the gate says about a key.
@@ -324,26 +325,31 @@ impl Filter {
         config.backend == crate::config::Backend::Local || config.redis.local_copy
     }
 
-    /// Drops this instance's copy (an instance that stopped building a filter it need
-    /// not hold): checks go to the copy in Redis alone from now on.
-    pub fn unload(&self) {
-        let _admissions = lock(&self.admissions);
-        if self.live.swap(None).is_some() {
-            tracing::info!(filter = %self.name, "dropped this instance's copy of the filter; the copy in Redis answers");
+    /// Stops holding a copy (an instance that does not build a filter held in Redis
+    /// alone): drops the live filter, and the admissions kept for a build or load to
+    /// replay (nothing would replay them). Cheap when there is neither to drop.
+    pub fn release_copy(&self) {
+        if !self.keeps_admissions.load(Ordering::Acquire) && self.live.load().is_none() {
+            return;
+        }
+        {
+            let mut admissions = lock(&self.admissions);
+            self.keeps_admissions.store(false, Ordering::Release);
+            admissions.forget_all();
+            self.metrics.set_unconfirmed(0);
+            if self.live.swap(None).is_some() {
+                tracing::info!(filter = %self.name, "dropped this instance's copy of the filter; the copy in Redis answers");
+            }
         }
         self.metrics.clear_stats();
         self.publish_metrics();
     }
 
-    /// Starts or stops keeping admissions for a build or load to replay (see
-    /// `keeps_admissions`); stopping forgets the ones kept.
-    pub fn keep_admissions(&self, keep: bool) {
-        let mut admissions = lock(&self.admissions);
-        self.keeps_admissions.store(keep, Ordering::Release);
-        if !keep {
-            admissions.keys = HashSet::new();
-            self.metrics.set_unconfirmed(0);
-        }
+    /// Keeps admissions for a build or load to replay again (see `keeps_admissions`):
+    /// this instance is about to hold a copy.
+    pub fn keep_admissions(&self) {
+        let _admissions = lock(&self.admissions);
+        self.keeps_admissions.store(true, Ordering::Release);
     }
 
     /// Admits a key: it is present from now on. Adds it to the live filter, keeps it
@@ -378,7 +384,7 @@ impl Filter {
         }
         // Held in Redis alone: the key is in the copy that answers (or this instance
         // answers for it until it is), with no copy of its own to wait for.
-        added || (self.held.get().is_some() && !self.wants_local_copy())
+        added || self.held.get().is_some_and(|h| !h.local_copy())
     }
 
     /// A fence for a negative entry of `key`: taken before the origin is asked, it tells
@@ -664,52 +670,6 @@ impl Fence<'_> {
 pub struct AdmissionMark {
     stripe: usize,
     seen: u64,
-}
-
-/// Keys admitted since start-up that no completed build has read from its source, as
-/// canonical key bytes. Every swap replays them into the new filter; a build removes the
-/// ones its scan listed. What stays is what the source does not hold (yet): those keys
-/// are carried from build to build.
-#[derive(Default)]
-struct Admissions {
-    keys: HashSet<Box<[u8]>>,
-}
-
-impl Admissions {
-    fn record(&mut self, bytes: &[u8]) {
-        if !self.keys.contains(bytes) {
-            self.keys.insert(bytes.into());
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// Inserts every kept key into `filter`.
-    fn replay(&self, filter: &Membership) {
-        for k in &self.keys {
-            filter.insert(k);
-        }
-    }
-
-    /// A copy of the keys, for a build to look for in its source.
-    fn snapshot(&self) -> HashSet<Box<[u8]>> {
-        self.keys.clone()
-    }
-
-    /// Forgets the keys `filter` already holds (a filter built elsewhere that carries them).
-    fn confirm_held(&mut self, filter: &Membership) {
-        self.keys
-            .retain(|k| !matches!(filter.probe(k), membership::Probe::Ready(true)));
-    }
-
-    /// Forgets the keys a build's source listed.
-    fn confirm(&mut self, listed: &HashSet<Box<[u8]>>) {
-        if !listed.is_empty() {
-            self.keys.retain(|k| !listed.contains(k));
-        }
-    }
 }
 
 /// Locks a mutex whose data stays valid even if a holder panicked.
