@@ -41,8 +41,9 @@
 //! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming.
 //! - [`watermark`]: how far sync has read the source.
 //!
-//! The command line (`src/main.rs`, `src/cli/`: the demo, `filter build` and `filter
-//! inspect`) is the only code that prints for a person.
+//! The command line (`src/main.rs`, `src/cli/`: its grammar in `args`, the demo,
+//! `filter build` and `filter inspect`, `init`, completions and manual pages; see
+//! docs/cli.md) is the only code that prints for a person.
 
 pub mod access_log;
 pub mod admin;

@@ -1,8 +1,7 @@
 //! The `bloomgate` binary: parses the command line, loads the config, sets up logging and
 //! hands over to the library. Config errors exit with status 2.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -10,7 +9,8 @@ use bloomgate::config::{Compiled, Config, LogFormat};
 mod cli;
 
 use bloomgate::{App, reload_on_sighup, shutdown_signal};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser};
+use cli::args::{Cli, CliLogFormat, Command, FilterCommand};
 use cli::demo::{self, DemoOptions};
 use prometheus::Registry;
 use tracing_subscriber::EnvFilter;
@@ -19,80 +19,6 @@ use tracing_subscriber::EnvFilter;
 /// malloc lets the one pin the other's pages (docs/BENCHMARKS.md, Memory).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// A caching reverse proxy with a Bloom gate against cache penetration.
-#[derive(Parser)]
-#[command(version, about)]
-struct Cli {
-    /// Log format; overrides `log.format` from the config.
-    #[arg(long, global = true, value_enum)]
-    log_format: Option<CliLogFormat>,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum CliLogFormat {
-    Human,
-    Json,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run the proxy.
-    Serve {
-        /// Path to the TOML config.
-        #[arg(long, default_value = "config.toml")]
-        config: PathBuf,
-    },
-    /// Validate a config file (with environment overrides) and exit.
-    CheckConfig {
-        /// Path to the TOML config.
-        #[arg(long, default_value = "config.toml")]
-        config: PathBuf,
-    },
-    /// Build or inspect filter snapshots offline.
-    Filter {
-        #[command(subcommand)]
-        command: FilterCommand,
-    },
-    /// Run the whole pipeline on an embedded SQLite database with demo products.
-    Demo {
-        /// Number of demo products seeded when the table is empty.
-        #[arg(long, default_value_t = 1_000_000)]
-        products: u64,
-        /// SQLite database file.
-        #[arg(long, default_value = "data/demo.db")]
-        db: PathBuf,
-        /// Data-plane address.
-        #[arg(long, default_value = "0.0.0.0:8080")]
-        listen: SocketAddr,
-        /// Admin-plane address.
-        #[arg(long, default_value = "127.0.0.1:9090")]
-        admin_listen: SocketAddr,
-    },
-}
-
-#[derive(Subcommand)]
-enum FilterCommand {
-    /// Stream the source query into a filter (with progress) and write its snapshot.
-    Build {
-        /// Path to the TOML config.
-        #[arg(long, default_value = "config.toml")]
-        config: PathBuf,
-        /// Only this filter (required with --out when there are several).
-        #[arg(long)]
-        filter: Option<String>,
-        /// Where to write, instead of the filter's snapshot_path.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
-    /// Verify a snapshot and print its parameters, items, fill ratio, watermark and age.
-    Inspect {
-        /// The snapshot file.
-        path: PathBuf,
-    },
-}
 
 const EXIT_CONFIG: u8 = 2;
 
@@ -164,6 +90,17 @@ fn main() -> ExitCode {
             };
             report(runtime().and_then(|rt| rt.block_on(demo::run(opts))))
         }
+        Command::Init(args) => cli::init::main(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "bloomgate",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Man { out_dir } => report(cli::man::write(Cli::command(), out_dir.as_deref())),
     }
 }
 

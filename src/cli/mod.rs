@@ -1,5 +1,9 @@
-//! The command line's subcommands other than `serve`: the demo and the offline filter
-//! tools. Everything that prints for a person lives here; the library only returns values.
+//! The command line: its grammar (`args`) and the subcommands other than `serve`: the
+//! demo, the offline filter tools, `init` and the manual pages. Everything that prints for
+//! a person lives here; the library only returns values.
 
+pub mod args;
 pub mod demo;
 pub mod filter;
+pub mod init;
+pub mod man;
