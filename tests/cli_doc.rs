@@ -31,11 +31,11 @@ fn documented(page: &str) -> BTreeMap<String, Rows> {
         let (Some(section), Some(row)) = (&current, line.strip_prefix("| `")) else {
             continue;
         };
-        let cells: Vec<&str> = row.split(" | ").collect();
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
         let Some(&[names, default]) = cells.get(..2) else {
             continue;
         };
-        let default = default.trim().trim_matches('`').to_owned();
+        let default = default.trim_matches('`').to_owned();
         // `-o`, `--output <FILE>`: the long name; `<path>`: a positional.
         let name = format!("`{names}")
             .split('`')
