@@ -5,6 +5,8 @@
 //! one the reload code decides by — and every relative link and anchor resolves. A
 //! failure names the file and line, what the page says and what the code says.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +14,8 @@ use std::time::Duration;
 use bloomgate::admin::{Endpoint, ErrorCode};
 use bloomgate::audit::metrics::AuditMetrics;
 use bloomgate::config::Config;
+use bloomgate::db::{Db, PoolSettings};
+use bloomgate::filter::BloomParams;
 use bloomgate::metrics::{FleetMetrics, Metrics};
 use bloomgate::reload::RESTART_ONLY;
 use bloomgate::reload::restart::is_restart_only;
@@ -20,6 +24,7 @@ use figment::Figment;
 use figment::providers::{Format, Toml};
 use prometheus::Registry;
 use serde_json::Value;
+use support::{TestConfig, TestProxy, TestRoute};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -207,6 +212,109 @@ fn the_admin_error_codes_are_the_error_enums() {
         }
     }
     report("docs/admin-api.md against admin::ErrorCode", problems);
+}
+
+/// The JSON of the first fenced block after the line that starts with `command`.
+fn sample_after(page: &Page, command: &str) -> Option<(usize, Value)> {
+    let lines: Vec<&str> = page.text.lines().collect();
+    let at = lines.iter().position(|l| l.starts_with(command))?;
+    let end = lines[at + 1..].iter().position(|l| l.starts_with("```"))? + at + 1;
+    let json = serde_json::from_str(&lines[at + 1..end].join("\n")).ok()?;
+    Some((at + 1, json))
+}
+
+/// The field names of an object, and those of the objects it holds, as dotted paths.
+fn field_names(value: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    if let Value::Object(map) = value {
+        for (k, v) in map {
+            let name = format!("{prefix}{k}");
+            field_names(v, &format!("{name}."), out);
+            out.insert(name);
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_admin_filters_sample_is_what_the_admin_plane_answers() {
+    let page = Page::read("docs/admin-api.md");
+    let command = "$ curl -s http://127.0.0.1:9090/admin/filters";
+    let Some((line, sample)) = sample_after(&page, command) else {
+        panic!("{}: no JSON sample after `{command}`", page.path);
+    };
+    let Some(documented) = sample["filters"].get(0) else {
+        panic!("{}: the sample holds no filter", page.at(line));
+    };
+
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("temporary directory: {e}"),
+    };
+    let url = format!("sqlite://{}", dir.path().join("docs.db").display());
+    let db = Db::connect_lazy(&url, &PoolSettings::default()).expect("pool");
+    db.migrate().await.expect("migrate");
+    db.close().await;
+    let proxy = TestProxy::spawn_ready(
+        &TestConfig::new(&url)
+            .expected_items(1000)
+            .route(
+                TestRoute::sql("products", "/api/products/{id}")
+                    .lookup("SELECT sku_id FROM products WHERE sku_id = ?"),
+            )
+            .toml(),
+    )
+    .await;
+    let answer = proxy.admin_get("/admin/filters").await.json();
+    let Some(served) = answer["filters"].get(0) else {
+        panic!("/admin/filters answered no filter: {answer}");
+    };
+
+    let (mut said, mut real) = (BTreeSet::new(), BTreeSet::new());
+    field_names(documented, "", &mut said);
+    field_names(served, "", &mut real);
+    let mut problems = Vec::new();
+    for field in said.difference(&real) {
+        problems.push(format!(
+            "{}: the sample has `{field}`, /admin/filters does not answer it",
+            page.at(line)
+        ));
+    }
+    for field in real.difference(&said) {
+        problems.push(format!(
+            "{}: /admin/filters answers `{field}`, the sample lacks it",
+            page.at(line)
+        ));
+    }
+    // The sizes are those the filter's sizing gives for the sample's capacity and target.
+    let capacity = documented["capacity"].as_u64().unwrap_or(0);
+    let target = documented["target_false_positive_rate"]
+        .as_f64()
+        .unwrap_or(0.0);
+    match BloomParams::optimal(capacity, target) {
+        Ok(params) => {
+            for (field, real) in [
+                ("bits", params.bits),
+                ("hashes", u64::from(params.hashes)),
+                ("bytes", params.bits / 8),
+            ] {
+                let said = documented[field].as_u64();
+                if said != Some(real) {
+                    problems.push(format!(
+                        "{}: a filter of capacity {capacity} at {target} has {field} = {real}, the sample says {}",
+                        page.at(line),
+                        documented[field]
+                    ));
+                }
+            }
+        }
+        Err(e) => problems.push(format!(
+            "{}: capacity {capacity} at {target} cannot be sized: {e}",
+            page.at(line)
+        )),
+    }
+    report(
+        "the /admin/filters sample against the admin plane",
+        problems,
+    );
 }
 
 // ---------------------------------------------------------------------------------------
