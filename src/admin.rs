@@ -1,7 +1,14 @@
 //! The admin plane: `/metrics`, `/healthz`, `/readyz`, `/admin/filters` and the mutating
 //! calls (rebuild, add keys, invalidate cache entries, reload the configuration) behind a
 //! bearer token. It observes
-//! and steers the pipeline; it never answers data-plane traffic.
+//! and steers the pipeline; it never answers data-plane traffic. What it serves is
+//! [`Endpoint::ALL`], and every refusal is an [`ErrorCode`].
+
+mod endpoint;
+mod error_code;
+
+pub use endpoint::Endpoint;
+pub use error_code::ErrorCode;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -9,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use prometheus::{Encoder, Registry, TextEncoder};
@@ -52,15 +59,26 @@ impl Handler for Admin {
 
     async fn call(&self, req: Request<Incoming>, _peer: SocketAddr) -> Response<Full<Bytes>> {
         let path = req.uri().path().to_owned();
-        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-        match (req.method(), segments.as_slice()) {
-            (&Method::GET, ["metrics"]) => self.metrics_text().await,
-            (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
-            (&Method::GET, ["readyz"]) => self.readyz(),
-            (&Method::GET, ["admin", "filters"]) => {
-                json_response(StatusCode::OK, &self.filters_json())
-            }
-            (&Method::GET, ["admin", "origins"]) => {
+        let Some((endpoint, name)) = Endpoint::find(&path) else {
+            return error(ErrorCode::NotFound, "unknown admin path");
+        };
+        if req.method() != endpoint.method() {
+            return error(
+                ErrorCode::MethodNotAllowed,
+                "method not allowed on this path",
+            );
+        }
+        if endpoint.mutates()
+            && let Err(refusal) = self.authorize(&req)
+        {
+            return refusal.into_response();
+        }
+        match endpoint {
+            Endpoint::Metrics => self.metrics_text().await,
+            Endpoint::Healthz => text(StatusCode::OK, "ok\n"),
+            Endpoint::Readyz => self.readyz(),
+            Endpoint::Filters => json_response(StatusCode::OK, &self.filters_json()),
+            Endpoint::Origins => {
                 let origins: Vec<Value> = self
                     .reloader
                     .origins()
@@ -69,57 +87,26 @@ impl Handler for Admin {
                     .collect();
                 json_response(StatusCode::OK, &json!({ "origins": origins }))
             }
-            (&Method::GET, ["admin", "fleet"]) => match &self.fleet {
+            Endpoint::Fleet => match &self.fleet {
                 Some(fleet) => json_response(StatusCode::OK, &fleet.status_json()),
                 None => error(
-                    StatusCode::NOT_FOUND,
-                    "fleet_off",
+                    ErrorCode::FleetOff,
                     "fleet mode is not configured (no [fleet] section)",
                 ),
             },
-            (&Method::POST, ["admin", "filters", name, action]) => {
-                if let Err(refusal) = self.authorize(&req) {
-                    return refusal.into_response();
-                }
-                let Some(filter) = self.reloader.filters().get(*name).cloned() else {
-                    return error(
-                        StatusCode::NOT_FOUND,
-                        "no_such_filter",
-                        "no filter by that name",
-                    );
+            Endpoint::Rebuild | Endpoint::AddKeys => {
+                let filter = name.and_then(|n| self.reloader.filters().get(n).cloned());
+                let Some(filter) = filter else {
+                    return error(ErrorCode::NoSuchFilter, "no filter by that name");
                 };
-                match *action {
-                    "rebuild" => self.rebuild(&filter).await,
-                    "keys" => self.add_keys(&filter, req).await,
-                    _ => error(StatusCode::NOT_FOUND, "not_found", "unknown admin path"),
+                if endpoint == Endpoint::Rebuild {
+                    self.rebuild(&filter).await
+                } else {
+                    self.add_keys(&filter, req).await
                 }
             }
-            (&Method::POST, ["admin", "cache", "invalidate"]) => {
-                if let Err(refusal) = self.authorize(&req) {
-                    return refusal.into_response();
-                }
-                self.invalidate(req).await
-            }
-            (&Method::POST, ["admin", "reload"]) => {
-                if let Err(refusal) = self.authorize(&req) {
-                    return refusal.into_response();
-                }
-                self.reload().await
-            }
-            // A known path asked with another method; any other path is unknown (404).
-            (
-                _,
-                ["metrics" | "healthz" | "readyz"]
-                | ["admin", "filters" | "fleet" | "origins"]
-                | ["admin", "filters", _, "rebuild" | "keys"]
-                | ["admin", "cache", "invalidate"]
-                | ["admin", "reload"],
-            ) => error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed on this path",
-            ),
-            _ => error(StatusCode::NOT_FOUND, "not_found", "unknown admin path"),
+            Endpoint::Invalidate => self.invalidate(req).await,
+            Endpoint::Reload => self.reload().await,
         }
     }
 }
@@ -143,11 +130,7 @@ impl Admin {
         let mut buf = Vec::with_capacity(16 * 1024);
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
             tracing::error!(error = %e, "cannot encode metrics");
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                "cannot encode metrics",
-            );
+            return error(ErrorCode::InternalError, "cannot encode metrics");
         }
         let mut resp = Response::new(Full::new(Bytes::from(buf)));
         resp.headers_mut().insert(
@@ -212,8 +195,7 @@ impl Admin {
     fn authorize(&self, req: &Request<Incoming>) -> Result<(), Refusal> {
         let Some(token) = self.reloader.token() else {
             return Err(Refusal::new(
-                StatusCode::FORBIDDEN,
-                "admin_disabled",
+                ErrorCode::AdminDisabled,
                 "mutating admin calls are disabled: set admin.token",
             ));
         };
@@ -225,8 +207,7 @@ impl Admin {
         match presented {
             Some(p) if token_matches(p.trim(), &token) => Ok(()),
             _ => Err(Refusal::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "a valid bearer token is required",
             )),
         }
@@ -240,30 +221,19 @@ impl Admin {
                 &json!({"reloaded": true, "changes": changes}),
             ),
             Err(e) => {
-                let (status, code, fields) = match &e {
-                    ReloadError::NoFile => (StatusCode::CONFLICT, "no_config_file", Vec::new()),
+                let (code, fields) = match &e {
+                    ReloadError::NoFile => (ErrorCode::NoConfigFile, Vec::new()),
                     ReloadError::Invalid(ConfigError::Invalid(problems)) => (
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "config_invalid",
+                        ErrorCode::ConfigInvalid,
                         problems.iter().map(|p| p.field.clone()).collect(),
                     ),
-                    ReloadError::Invalid(_) => (
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "config_invalid",
-                        Vec::new(),
-                    ),
-                    ReloadError::NeedsRestart(fields) => {
-                        (StatusCode::CONFLICT, "needs_restart", fields.clone())
-                    }
-                    ReloadError::Failed(_) => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "reload_failed",
-                        Vec::new(),
-                    ),
+                    ReloadError::Invalid(_) => (ErrorCode::ConfigInvalid, Vec::new()),
+                    ReloadError::NeedsRestart(fields) => (ErrorCode::NeedsRestart, fields.clone()),
+                    ReloadError::Failed(_) => (ErrorCode::ReloadFailed, Vec::new()),
                 };
                 json_response(
-                    status,
-                    &json!({"reloaded": false, "error": code, "message": e.to_string(), "fields": fields}),
+                    code.status(),
+                    &json!({"reloaded": false, "error": code.as_str(), "message": e.to_string(), "fields": fields}),
                 )
             }
         }
@@ -279,8 +249,7 @@ impl Admin {
                     tracing::warn!(filter = %filter.name(), error = %e,
                         "could not send a rebuild request to the fleet's builder");
                     return error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "fleet_unreachable",
+                        ErrorCode::FleetUnreachable,
                         &format!(
                             "this instance follows the filter's builder and could not send it the request through Redis ({e}); try again, or ask the builder"
                         ),
@@ -356,32 +325,20 @@ async fn read_keys(req: Request<Incoming>) -> Result<Vec<String>, Refusal> {
     let body = Limited::new(req.into_body(), MAX_ADMIN_BODY)
         .collect()
         .await
-        .map_err(|_| {
-            Refusal::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                "body too large or unreadable",
-            )
-        })?
+        .map_err(|_| Refusal::new(ErrorCode::BodyTooLarge, "body too large or unreadable"))?
         .to_bytes();
     let text = std::str::from_utf8(&body)
-        .map_err(|_| Refusal::new(StatusCode::BAD_REQUEST, "bad_body", "body is not UTF-8"))?;
+        .map_err(|_| Refusal::new(ErrorCode::BadBody, "body is not UTF-8"))?;
     if text.trim_start().starts_with('[') {
-        let values: Vec<Value> = serde_json::from_str(text).map_err(|e| {
-            Refusal::new(
-                StatusCode::BAD_REQUEST,
-                "bad_json",
-                format!("invalid JSON array: {e}"),
-            )
-        })?;
+        let values: Vec<Value> = serde_json::from_str(text)
+            .map_err(|e| Refusal::new(ErrorCode::BadJson, format!("invalid JSON array: {e}")))?;
         values
             .into_iter()
             .map(|v| match v {
                 Value::String(s) => Ok(s),
                 Value::Number(n) => Ok(n.to_string()),
                 _ => Err(Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    "bad_key",
+                    ErrorCode::BadKey,
                     "keys must be strings or numbers",
                 )),
             })
@@ -418,30 +375,32 @@ fn json_response(status: StatusCode, value: &Value) -> Response<Full<Bytes>> {
     response::json(status, value.to_string())
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
-    json_response(status, &json!({"error": code, "message": message}))
+/// Every admin refusal: the code's status, and `{"error": code, "message": …}`.
+fn error(code: ErrorCode, message: &str) -> Response<Full<Bytes>> {
+    json_response(
+        code.status(),
+        &json!({"error": code.as_str(), "message": message}),
+    )
 }
 
-/// A refused admin call: status, stable code and message.
+/// A refused admin call: its code and message.
 #[derive(Debug)]
 struct Refusal {
-    status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
 impl Refusal {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refusal {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
         Refusal {
-            status,
             code,
             message: message.into(),
         }
     }
 
     fn into_response(self) -> Response<Full<Bytes>> {
-        let mut resp = error(self.status, self.code, &self.message);
-        if self.status == StatusCode::UNAUTHORIZED {
+        let mut resp = error(self.code, &self.message);
+        if self.code == ErrorCode::Unauthorized {
             resp.headers_mut()
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }

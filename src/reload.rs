@@ -8,6 +8,8 @@
 
 pub mod restart;
 
+pub use restart::RESTART_ONLY;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;

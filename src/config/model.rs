@@ -296,7 +296,8 @@ pub struct UpstreamConfig {
     /// Idle keep-alive connections are closed after this long.
     #[serde(default = "default_pool_idle", with = "humantime_serde")]
     pub pool_idle_timeout: Duration,
-    /// Most idle keep-alive connections kept open to the upstream.
+    /// Most idle keep-alive connections kept open to the upstream, per serving thread
+    /// (each thread under `per_core` keeps its own pool).
     #[serde(default = "default_pool_max_idle")]
     pub pool_max_idle: usize,
     /// Most lookups in flight to the upstream at once (default 256).
