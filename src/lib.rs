@@ -29,7 +29,8 @@
 //! - [`audit`]: the gate audits itself: a sample of refused keys asked of their origin
 //!   in the background, found keys admitted at once and judged once sync has covered
 //!   their refusal.
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` and the admin API; `admin::Endpoint`
+//!   lists what it serves and `admin::ErrorCode` every refusal.
 //! - [`metrics`]: the Prometheus families, by concern, on a registry passed in.
 //! - [`config`]: the TOML config, environment overrides, validation, and its compiled
 //!   form (patterns, sizes, header names, address ranges) that [`app`] wires.
