@@ -1044,6 +1044,94 @@ fn the_kubernetes_deployment_runs_a_fleet_that_drains_within_its_grace() {
         }
     }
 
+    // The ConfigMap's file with the Deployment's environment is what a pod runs: it
+    // passes check-config with real values in the Secret, and is refused with the
+    // Secret as shipped (empty values).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, config_text).expect("write config");
+    let pod_env = |secret: &dyn Fn(&str) -> String| -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        // In the manifest's order: a reference sees only the variables before it.
+        for entry in container["env"].as_sequence().expect("env") {
+            let var = entry["name"].as_str().expect("a name");
+            let value = if let Some(value) = entry["value"].as_str() {
+                // $(NAME) refers to a variable defined before, as the kubelet expands it.
+                let mut value = value.to_owned();
+                for (name, earlier) in &out {
+                    value = value.replace(&format!("$({name})"), earlier);
+                }
+                value
+            } else if let Some(key) = entry["valueFrom"]["secretKeyRef"]["key"].as_str() {
+                secret(key)
+            } else if entry["valueFrom"]["fieldRef"]["fieldPath"].as_str() == Some("metadata.name")
+            {
+                "bloomgate-7c9d8f6b5-x2x7k".to_owned()
+            } else {
+                panic!("{var}: an unexpected source");
+            };
+            out.push(((*var).to_owned(), value));
+        }
+        out
+    };
+    // The token file is the Secret's key, as the volume mounts it.
+    let check = |secret: &dyn Fn(&str) -> String| {
+        let token = dir.path().join("admin-token");
+        std::fs::write(&token, secret("admin-token")).expect("write token");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["check-config", "--config"])
+            .arg(&config_path)
+            .stdin(Stdio::null());
+        for (var, _) in std::env::vars_os() {
+            if var.to_string_lossy().starts_with("BLOOMGATE__") {
+                cmd.env_remove(var);
+            }
+        }
+        for (var, value) in pod_env(secret) {
+            let value = if var == "BLOOMGATE__ADMIN__TOKEN_FILE" {
+                token.display().to_string()
+            } else {
+                value
+            };
+            cmd.env(var, value);
+        }
+        let out = cmd.output().expect("run check-config");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let filled = |key: &str| match key {
+        "database-url" => "mysql://bloomgate:db-password@mysql:3306/shop".to_owned(),
+        "redis-password" => "redis-password".to_owned(),
+        "admin-token" => "an-admin-token\n".to_owned(),
+        other => panic!("the Secret has no {other}"),
+    };
+    let (code, text) = check(&filled);
+    assert_eq!(code, Some(0), "{text}");
+    let redis_url = pod_env(&filled)
+        .into_iter()
+        .find(|(var, _)| var == "BLOOMGATE__FLEET__REDIS_URL")
+        .map(|(_, url)| url);
+    assert_eq!(
+        redis_url.as_deref(),
+        Some("redis://:redis-password@redis:6379")
+    );
+    let secret = kind(&manifests, "Secret", "bloomgate");
+    let shipped = |key: &str| {
+        secret["stringData"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("the Secret has no {key}"))
+            .to_owned()
+    };
+    let (code, text) = check(&shipped);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("database.url") && text.contains("admin.token_file"),
+        "{text}"
+    );
+
     // A disruption budget that keeps one replica serving.
     let pdb = kind(&manifests, "PodDisruptionBudget", "bloomgate");
     assert_eq!(pdb["spec"]["minAvailable"].as_u64(), Some(1));
@@ -1068,7 +1156,6 @@ fn the_kubernetes_deployment_runs_a_fleet_that_drains_within_its_grace() {
             .any(|w| w == ["--requirepass", "$(REDIS_PASSWORD)"])
     );
     // The Secret ships without values.
-    let secret = kind(&manifests, "Secret", "bloomgate");
     for (key, value) in secret["stringData"].as_mapping().expect("stringData") {
         assert_eq!(value.as_str(), Some(""), "{key:?} has a value");
     }
