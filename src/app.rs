@@ -401,8 +401,11 @@ impl App {
             stop_rx,
             "admin",
         ));
+        // Both listeners were bound in `build`; from here both planes accept.
+        crate::notify::ready();
         shutdown.await;
         tracing::info!("shutting down");
+        crate::notify::stopping();
         // A send error means both servers already stopped; nothing to tell.
         let _ = stop_tx.send(true);
         while let Some(done) = servers.join_next().await {
@@ -445,12 +448,17 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {
 
 /// Reloads the configuration on every SIGHUP until the process ends: the one place
 /// SIGHUP is handled. A refused reload is logged and counted by [`Reloader::reload`].
+/// The service manager is told when each reload starts and ends.
 pub async fn reload_on_sighup(reloader: Reloader) {
     #[cfg(unix)]
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(mut hangups) => {
             while hangups.recv().await.is_some() {
+                // Ready again whether the reload applied or was refused: either way the
+                // configuration in force is serving.
+                crate::notify::reloading();
                 let _ = reloader.reload().await;
+                crate::notify::ready();
             }
         }
         Err(e) => tracing::error!(error = %e, "cannot listen for SIGHUP; reloads are off"),

@@ -35,6 +35,7 @@
 //! - [`config`]: the TOML config, environment overrides, validation, and its compiled
 //!   form (patterns, sizes, header names, address ranges) that [`app`] wires.
 //! - [`app`]: wiring of all of the above from a config.
+//! - [`notify`]: what the process tells systemd (ready, reloading, stopping).
 //!
 //! Storage:
 //! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits);
@@ -58,6 +59,7 @@ pub mod fleet;
 pub mod gate;
 pub mod key;
 pub mod metrics;
+pub mod notify;
 pub mod origin;
 pub mod pipeline;
 pub mod reload;

@@ -26,8 +26,8 @@ use http::Method;
 use support::binary::{BIN, Bloomgate, message};
 use support::observe::filter_status;
 use support::{
-    ChildGuard, HttpClient, StubUpstream, TestConfig, TestDb, TestRedis, TestRoute, eventually,
-    mysql_url, redis_server,
+    ChildGuard, HttpClient, RedisOptions, StubUpstream, TestConfig, TestDb, TestRedis, TestRoute,
+    eventually, mysql_url, redis_server,
 };
 
 fn repo(path: &str) -> PathBuf {
@@ -38,8 +38,45 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("read {path}: {e}"))
 }
 
+/// docker-compose.yml as compose reads it: `<<` merge keys applied.
 fn compose() -> serde_yaml::Value {
-    serde_yaml::from_str(&read("docker-compose.yml")).expect("docker-compose.yml is YAML")
+    let mut doc: serde_yaml::Value =
+        serde_yaml::from_str(&read("docker-compose.yml")).expect("docker-compose.yml is YAML");
+    doc.apply_merge().expect("merge keys");
+    doc
+}
+
+/// What the tests put in .env: the compose file requires each of these.
+const ENV_FILE: [(&str, &str); 2] = [
+    ("MYSQL_PASSWORD", "compose-mysql-password"),
+    ("REDIS_PASSWORD", "compose-redis-password"),
+];
+
+/// `text` with each `${VAR}`, `${VAR:-default}` and `${VAR:?message}` replaced as
+/// compose replaces it, given the variables of [`ENV_FILE`] and no others.
+fn interpolate(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let inner = &rest[at + 2..];
+        let end = inner.find('}').expect("a closed ${...}");
+        let reference = &inner[..end];
+        let (name, default) = match reference.split_once(":-") {
+            Some((name, default)) => (name, Some(default)),
+            None => (reference.split(":?").next().unwrap_or_default(), None),
+        };
+        let value = ENV_FILE
+            .iter()
+            .find(|(var, _)| *var == name)
+            .map(|(_, value)| *value)
+            .or(default)
+            .unwrap_or_else(|| panic!("compose would stop: {name} is unset"));
+        out.push_str(value);
+        rest = &inner[end + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The text items of a YAML list (none if it is not one).
@@ -54,7 +91,7 @@ fn strings(v: &serde_yaml::Value) -> Vec<String> {
 /// The variables docker-compose.yml gives each bloomgate instance.
 const INSTANCE_VARS: [&str; 5] = [
     "BLOOMGATE__DATABASE__URL",
-    "BLOOMGATE__ADMIN__TOKEN",
+    "BLOOMGATE__ADMIN__TOKEN_FILE",
     "BLOOMGATE__FLEET__REDIS_URL",
     "BLOOMGATE__FLEET__NAMESPACE",
     "BLOOMGATE__FLEET__INSTANCE_ID",
@@ -72,8 +109,7 @@ fn instances(compose: &serde_yaml::Value) -> BTreeMap<String, serde_yaml::Value>
         .collect()
 }
 
-/// A service's `environment` mapping, each `${VAR:-default}` read as its default (what
-/// `docker compose` gives when VAR is unset).
+/// A service's `environment` mapping, its variables interpolated (see [`interpolate`]).
 fn environment(service: &serde_yaml::Value) -> BTreeMap<String, String> {
     service["environment"]
         .as_mapping()
@@ -85,15 +121,10 @@ fn environment(service: &serde_yaml::Value) -> BTreeMap<String, String> {
                 serde_yaml::Value::Number(n) => n.to_string(),
                 other => panic!("environment value {other:?}"),
             };
-            let value = match value
-                .strip_prefix("${")
-                .and_then(|v| v.strip_suffix('}'))
-                .and_then(|v| v.split_once(":-"))
-            {
-                Some((_, default)) => default.to_owned(),
-                None => value,
-            };
-            (k.as_str().expect("variable name").to_owned(), value)
+            (
+                k.as_str().expect("variable name").to_owned(),
+                interpolate(&value),
+            )
         })
         .collect()
 }
@@ -253,10 +284,38 @@ async fn the_compose_config_and_environment_boot_against_the_database_they_name(
     };
     const N: u64 = 1_000;
     let db = TestDb::create(&server, N).await;
-    let redis = TestRedis::start(&redis_bin).await;
+    // The compose file's Redis users (its default user off, bloomgate's limited to the
+    // namespace and the commands it uses), beside the harness's own.
+    let compose = compose();
+    let redis_command: Vec<String> = compose["services"]["redis"]["command"]
+        .as_sequence()
+        .expect("the redis command")
+        .iter()
+        .map(|w| interpolate(w.as_str().expect("a word")))
+        .collect();
+    // bloomgate's user; the harness switches the default user off itself (redis-server
+    // refuses a user declared twice).
+    let user = redis_command
+        .windows(2)
+        .position(|w| w == ["--user", "bloomgate"])
+        .expect("bloomgate's ACL user");
+    let end = redis_command[user + 1..]
+        .iter()
+        .position(|w| w.starts_with("--"))
+        .map_or(redis_command.len(), |n| user + 1 + n);
+    let user_args: Vec<&str> = redis_command[user..end]
+        .iter()
+        .map(String::as_str)
+        .collect();
+    let redis = TestRedis::start_with(
+        &redis_bin,
+        RedisOptions::new()
+            .acl_user("harness", "harness-password")
+            .args(&user_args),
+    )
+    .await;
 
     // The variables docker-compose.yml gives the first instance, by the names it uses.
-    let compose = compose();
     let (_, first) = instances(&compose)
         .into_iter()
         .next()
@@ -268,19 +327,28 @@ async fn the_compose_config_and_environment_boot_against_the_database_they_name(
         .filter(|k| k.starts_with("BLOOMGATE__"))
         .collect();
     assert_eq!(names, BTreeSet::from(INSTANCE_VARS));
-    let file_token = "compose-admin-token";
-    let env_token = "token-from-the-environment";
     let config = read("config.compose.toml");
-    assert!(config.contains(&format!("token = \"{file_token}\"")));
     assert!(config.contains("@mysql:3306/shop"));
+    assert!(
+        !config.contains("\ntoken"),
+        "no token in the mounted config"
+    );
+    // The secret file compose makes from BLOOMGATE_ADMIN_TOKEN, with its line break.
+    let secrets = tempfile::tempdir().expect("secrets directory");
+    let token_file = secrets.path().join("admin_token");
+    let file_token = "token-from-the-secret-file";
+    std::fs::write(&token_file, format!("{file_token}\n")).expect("write the secret");
+    let token_path = token_file.to_str().expect("a UTF-8 path");
+    // The compose URL, with the test's Redis in place of the `redis` service.
+    let redis_url = env["BLOOMGATE__FLEET__REDIS_URL"]
+        .replace("@redis:6379", &format!("@127.0.0.1:{}", redis.port()));
 
     let mut bin = Bloomgate::serve(
         &config,
         &[
             ("BLOOMGATE__DATABASE__URL", db.url.as_str()),
-            ("BLOOMGATE__ADMIN__TOKEN", env_token),
-            // The compose file's Redis is the `redis` service; here, the test's own.
-            ("BLOOMGATE__FLEET__REDIS_URL", redis.url().as_str()),
+            ("BLOOMGATE__ADMIN__TOKEN_FILE", token_path),
+            ("BLOOMGATE__FLEET__REDIS_URL", redis_url.as_str()),
             (
                 "BLOOMGATE__FLEET__NAMESPACE",
                 env["BLOOMGATE__FLEET__NAMESPACE"].as_str(),
@@ -333,7 +401,7 @@ async fn the_compose_config_and_environment_boot_against_the_database_they_name(
     let r = get(format!("/api/product/info?sku_id={}", demo_absent_sku(3))).await;
     assert_eq!((r.status.as_u16(), r.stage()), (404, "intercepted"));
 
-    // The token from the environment replaces the file's.
+    // The token is the secret file's.
     let rebuild = |token: &'static str| {
         let client = client.clone();
         let admin = bin.admin;
@@ -349,9 +417,9 @@ async fn the_compose_config_and_environment_boot_against_the_database_they_name(
                 .await
         }
     };
-    let r = rebuild(file_token).await;
+    let r = rebuild("not-the-admin-token").await;
     assert_eq!(r.status.as_u16(), 401, "{}", r.text());
-    let r = rebuild(env_token).await;
+    let r = rebuild(file_token).await;
     assert_eq!(r.status.as_u16(), 202, "{}", r.text());
     bin.wait_for_logs("the requested rebuild", 2, Duration::from_secs(60), |l| {
         message(l) == "filter loaded"
@@ -489,7 +557,11 @@ fn compose_runs_one_fleet_behind_one_address() {
             BTreeSet::from(INSTANCE_VARS),
             "{name}"
         );
-        assert_eq!(env["BLOOMGATE__FLEET__REDIS_URL"], "redis://redis:6379");
+        let password = ENV_FILE[1].1;
+        assert_eq!(
+            env["BLOOMGATE__FLEET__REDIS_URL"],
+            format!("redis://bloomgate:{password}@redis:6379")
+        );
     }
     let namespaces: BTreeSet<&str> = envs
         .values()
@@ -567,7 +639,10 @@ fn compose_runs_one_fleet_behind_one_address() {
         "{data_volume} is a named volume"
     );
     let health = strings(&redis["healthcheck"]["test"]).join(" ");
-    assert!(health.contains("redis-cli ping"), "{health}");
+    assert!(
+        health.contains("redis-cli --user bloomgate ping"),
+        "{health}"
+    );
     assert!(redis["ports"].is_null(), "Redis is not published");
 
     // The load balancer: nginx, round robin over exactly the instances' data planes.
@@ -584,7 +659,13 @@ fn compose_runs_one_fleet_behind_one_address() {
     );
     let lb_port = lb_listen_port();
     assert_eq!(strings(&lb["ports"]), [format!("{lb_port}:{lb_port}")]);
-    let depends: BTreeSet<String> = strings(&lb["depends_on"]).into_iter().collect();
+    let depends: BTreeSet<String> = lb["depends_on"]
+        .as_mapping()
+        .expect("depends_on by service")
+        .iter()
+        .filter(|(_, how)| how["condition"].as_str() == Some("service_healthy"))
+        .filter_map(|(name, _)| name.as_str().map(str::to_owned))
+        .collect();
     assert_eq!(depends, instances.keys().cloned().collect());
     let directives = nginx_directives(&read(NGINX_CONF));
     let upstream = ["upstream bloomgate"];
@@ -645,8 +726,20 @@ fn compose_runs_one_fleet_behind_one_address() {
 #[test]
 fn the_compose_environment_of_each_instance_passes_check_config() {
     let compose = compose();
+    let secrets = tempfile::tempdir().expect("secrets directory");
+    let token_file = secrets.path().join("admin_token");
+    std::fs::write(&token_file, "a-token-from-the-secret\n").expect("write the secret");
     for (name, service) in instances(&compose) {
-        let env = environment(&service);
+        let mut env = environment(&service);
+        // compose mounts the secret at the path the variable names; here, a temp file.
+        assert_eq!(
+            env.insert(
+                "BLOOMGATE__ADMIN__TOKEN_FILE".into(),
+                token_file.display().to_string()
+            )
+            .as_deref(),
+            Some("/run/secrets/admin_token")
+        );
         let check = |env: &BTreeMap<String, String>| {
             let mut cmd = Command::new(BIN);
             cmd.args(["check-config", "--config"])
@@ -675,6 +768,15 @@ fn the_compose_environment_of_each_instance_passes_check_config() {
         let (code, text) = check(&bad);
         assert_eq!(code, Some(2), "{name}: {text}");
         assert!(text.contains("fleet.instance_id"), "{name}: {text}");
+        // Without the secret, the instance refuses to start, naming the field.
+        let mut unset = env.clone();
+        unset.insert(
+            "BLOOMGATE__ADMIN__TOKEN_FILE".into(),
+            secrets.path().join("missing").display().to_string(),
+        );
+        let (code, text) = check(&unset);
+        assert_eq!(code, Some(2), "{name}: {text}");
+        assert!(text.contains("admin.token_file"), "{name}: {text}");
     }
 }
 
@@ -774,9 +876,11 @@ impl TestNginx {
                 &format!("listen 127.0.0.1:{port};"),
             );
             for (name, addr) in instances.keys().zip(upstreams) {
+                // `resolve` re-resolves a name; the test's servers are addresses, and
+                // nginx before 1.27.3 (Debian 12 has 1.22) lacks the parameter.
                 site = replace_once(
                     &site,
-                    &format!("server {name}:{data_port} "),
+                    &format!("server {name}:{data_port} resolve "),
                     &format!("server {addr} "),
                 );
             }

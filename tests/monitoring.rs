@@ -428,8 +428,9 @@ fn promtool_rule_tests(cases_path: &str, group: &str, count: usize) {
 
 /// The `services` of docker-compose.yml.
 fn compose_services() -> serde_yaml::Mapping {
-    let compose: serde_yaml::Value =
+    let mut compose: serde_yaml::Value =
         serde_yaml::from_str(&read("docker-compose.yml")).expect("compose file is YAML");
+    compose.apply_merge().expect("merge keys");
     compose["services"].as_mapping().expect("services").clone()
 }
 

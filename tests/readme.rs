@@ -225,7 +225,10 @@ async fn run_path(upstream: bool) {
     // The user's own table, as the README creates it.
     let db = TestDb::create(&server, 0).await;
     let sql: Vec<&Block> = all.iter().filter(|b| b.lang == "sql").collect();
-    assert!(!sql.is_empty(), "the quick start creates a table of its own");
+    assert!(
+        !sql.is_empty(),
+        "the quick start creates a table of its own"
+    );
     for block in &sql {
         for stmt in block.text.split(";\n").map(str::trim) {
             if stmt.is_empty() {
@@ -552,7 +555,10 @@ fn answer(titles: &BTreeMap<u64, String>, req: &Request<Incoming>) -> Response<F
             StatusCode::OK,
             serde_json::json!({ "id": id, "title": title }).to_string(),
         ),
-        None => (StatusCode::NOT_FOUND, r#"{"error":"no such article"}"#.to_owned()),
+        None => (
+            StatusCode::NOT_FOUND,
+            r#"{"error":"no such article"}"#.to_owned(),
+        ),
     };
     Response::builder()
         .status(status)

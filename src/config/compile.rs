@@ -230,7 +230,7 @@ impl Config {
                 Cidrs::parse(&self.server.outcome_header_clients),
             )
             .unwrap_or_default();
-        self.check_admin(&mut p);
+        let admin_token = self.check_admin(&mut p);
         let upstream = self.upstream.as_ref().and_then(|settings| {
             let authority = p.check("upstream.url", upstream_authority(&settings.url))?;
             Some(CompiledUpstream {
@@ -278,8 +278,12 @@ impl Config {
         self.audit.check(&mut p);
         // Every part that failed to compile left a problem, so with none, all are here.
         p.into_result()?;
+        let mut config = self.clone();
+        // The token in force, wherever it came from, in the one field the app reads.
+        config.admin.token = admin_token;
+        config.admin.token_file = None;
         Ok(Compiled {
-            config: self.clone(),
+            config,
             upstream,
             filters,
             routes,

@@ -271,8 +271,13 @@ impl Default for ServerConfig {
 pub struct AdminConfig {
     /// Address of the admin plane; keep it on loopback or a private network.
     pub listen: SocketAddr,
-    /// Bearer token for mutating admin calls. When unset, those calls are refused.
+    /// Bearer token for mutating admin calls. When unset (and `token_file` too), those
+    /// calls are refused.
     pub token: Option<String>,
+    /// A file holding the token instead (a container or systemd secret); its trailing
+    /// line break is dropped. Compiling reads it into `token` and clears this field, so a
+    /// compiled config names its token in one place; a reload reads the file again.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AdminConfig {
@@ -280,6 +285,7 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token: None,
+            token_file: None,
         }
     }
 }

@@ -137,15 +137,35 @@ impl Config {
         }
     }
 
-    pub(super) fn check_admin(&self, p: &mut Problems) {
-        if let Some(token) = &self.admin.token
-            && token.trim().len() < 8
-        {
+    /// `admin.token`, or `admin.token_file` read: the token in force, or `None` with a
+    /// problem when the file cannot give one.
+    pub(super) fn check_admin(&self, p: &mut Problems) -> Option<String> {
+        let (field, token) = match (&self.admin.token, &self.admin.token_file) {
+            (Some(_), Some(_)) => {
+                p.add(
+                    "admin.token_file",
+                    "set admin.token or admin.token_file, not both",
+                );
+                return None;
+            }
+            (Some(token), None) => ("admin.token", token.clone()),
+            (None, Some(path)) => match read_token_file(path) {
+                Ok(token) => ("admin.token_file", token),
+                Err(reason) => {
+                    p.add("admin.token_file", reason);
+                    return None;
+                }
+            },
+            (None, None) => return None,
+        };
+        if token.trim().len() < 8 {
             p.add(
-                "admin.token",
+                field,
                 "must be at least 8 characters (or left unset to disable mutating admin calls)",
             );
+            return None;
         }
+        Some(token)
     }
 
     /// `[upstream]` and `[database]`, and the sections that need them: a missing one is
@@ -463,4 +483,19 @@ fn check_limits(p: &mut Problems, section: &str, max_in_flight: Option<usize>, b
     if b.open_for.is_zero() {
         p.add(field("open_for"), "must be greater than 0");
     }
+}
+
+/// The token held in `path`, its trailing line break dropped; the reason it cannot be
+/// one otherwise (the path is named, the file's content never is).
+fn read_token_file(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let token = text.trim_end_matches(['\n', '\r']);
+    if token.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    if token.contains(['\n', '\r']) {
+        return Err(format!("{} holds more than one line", path.display()));
+    }
+    Ok(token.to_owned())
 }

@@ -475,3 +475,69 @@ fn a_filter_held_in_redis_needs_a_fleet_and_sane_settings() {
         Vec::<String>::new()
     );
 }
+
+#[test]
+fn the_token_can_come_from_a_file_read_at_each_compile() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("admin-token");
+    std::fs::write(&path, "token-from-a-secret\n").expect("write the token");
+    let mut c = base();
+    c.admin.token = None;
+    c.admin.token_file = Some(path.clone());
+    let compiled = c.compile().expect("a readable token file");
+    // The trailing line break is not part of the token; the compiled config holds the
+    // token itself, so compiling it again reads nothing.
+    let admin = &compiled.config().admin;
+    assert_eq!(admin.token.as_deref(), Some("token-from-a-secret"));
+    assert_eq!(admin.token_file, None);
+    assert!(compiled.config().compile().is_ok());
+
+    // Each compile reads the file again: a rotated token is the one in force.
+    std::fs::write(&path, "a-rotated-token\r\n").expect("rotate the token");
+    let again = c.compile().expect("still readable");
+    assert_eq!(
+        again.config().admin.token.as_deref(),
+        Some("a-rotated-token")
+    );
+}
+
+#[test]
+fn a_token_file_that_cannot_give_a_token_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let refused = |token: Option<&str>, file: &std::path::Path| {
+        let mut c = base();
+        c.admin.token = token.map(str::to_owned);
+        c.admin.token_file = Some(file.to_path_buf());
+        let found = problems(&c);
+        assert_eq!(fields(&found), ["admin.token_file"], "{found:?}");
+        found[0].reason.clone()
+    };
+    let good = dir.path().join("good");
+    std::fs::write(&good, "a-long-enough-token\n").expect("write");
+    let reason = refused(Some("another-long-token"), &good);
+    assert!(reason.contains("not both"), "{reason}");
+
+    let missing = dir.path().join("missing");
+    let reason = refused(None, &missing);
+    assert!(
+        reason.contains("cannot read") && reason.contains(&missing.display().to_string()),
+        "{reason}"
+    );
+
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").expect("write");
+    assert!(refused(None, &empty).contains("is empty"));
+
+    let two_lines = dir.path().join("two-lines");
+    std::fs::write(&two_lines, "first-line-token\nsecond-line\n").expect("write");
+    assert!(refused(None, &two_lines).contains("more than one line"));
+
+    // The length rule holds for a token from a file, and the message never shows it.
+    let short = dir.path().join("short");
+    std::fs::write(&short, "shorty\n").expect("write");
+    let reason = refused(None, &short);
+    assert!(
+        reason.contains("at least 8") && !reason.contains("shorty"),
+        "{reason}"
+    );
+}
