@@ -4,8 +4,9 @@
 //! real MariaDB. The config file that `init` writes must be the one the README shows, and
 //! every `curl` the README shows must get the status line, headers and body it shows.
 //!
-//! What is substituted, and nothing else: the database URL of the `export DATABASE_URL=`
-//! line (the test's own database), the data-plane address `127.0.0.1:8080` and the
+//! What is substituted, and nothing else: the database URL of the
+//! `export BLOOMGATE__DATABASE__URL=` line (the test's own database; the file shows it
+//! without its password), the data-plane address `127.0.0.1:8080` and the
 //! upstream's `127.0.0.1:8000` (free ports), and `cargo build` lines are skipped (the
 //! binary under test is already built). Timestamps in JSON bodies are compared by shape.
 
@@ -13,7 +14,6 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,10 +101,29 @@ fn shell_lines(text: &str) -> Vec<String> {
     lines
 }
 
-/// The value of `export DATABASE_URL=…` in a shell line, quotes removed.
+/// The line that exports the database URL, which `init` reads and `serve` takes over the
+/// file's `database.url` (the file holds no password).
+const EXPORT: &str = "export BLOOMGATE__DATABASE__URL=";
+
+/// The value of the [`EXPORT`] line, quotes removed.
 fn exported_url(line: &str) -> Option<String> {
-    let value = line.strip_prefix("export DATABASE_URL=")?;
+    let value = line.strip_prefix(EXPORT)?;
     Some(value.trim_matches(|c| c == '\'' || c == '"').to_owned())
+}
+
+/// A URL with its password (if any) left out, as `init` writes it into the file.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
 }
 
 /// A `$ curl …` exchange shown in a console block: the command and what it printed.
@@ -249,7 +268,7 @@ async fn run_path(upstream: bool) {
         for line in shell_lines(&block.text) {
             if let Some(url) = exported_url(&line) {
                 placeholder = Some(url);
-                lines.push(format!("export DATABASE_URL='{}'", db.url));
+                lines.push(format!("{EXPORT}'{}'", db.url));
             } else if own && !line.starts_with("cargo ") {
                 lines.push(line);
             }
@@ -258,7 +277,7 @@ async fn run_path(upstream: bool) {
             break;
         }
     }
-    let placeholder = placeholder.expect("the quick start exports DATABASE_URL");
+    let placeholder = placeholder.expect("the quick start exports BLOOMGATE__DATABASE__URL");
     let serve = lines.pop().expect("the block ends with serve");
     assert!(
         serve.contains("bloomgate serve"),
@@ -303,7 +322,9 @@ async fn run_path(upstream: bool) {
         .unwrap_or_else(|| panic!("`{heading}` shows the config init writes"));
     let written_name = init_output(&before).unwrap_or_else(|| "bloomgate.toml".to_owned());
     let written = std::fs::read_to_string(dir.path().join(&written_name)).expect("init's file");
-    let mut expected = shown.text.replace(&placeholder, &db.url);
+    let mut expected = shown
+        .text
+        .replace(&without_password(&placeholder), &without_password(&db.url));
     if let Some(api) = &api {
         expected = expected.replace("127.0.0.1:8000", &api.addr.to_string());
     }
@@ -313,8 +334,13 @@ async fn run_path(upstream: bool) {
         "the config init writes differs from the one the README shows under `{heading}`"
     );
 
-    // serve, as written, with free ports and JSON logs to find them.
-    let script = format!("{}\nexec {serve}", lines.join("\n"));
+    // serve, as written, after the exports, with free ports and JSON logs to find them.
+    let exports: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .filter(|l| l.starts_with("export "))
+        .collect();
+    let script = format!("{}\nexec {serve}", exports.join("\n"));
     let mut child = clean_command("bash")
         .args(["-euo", "pipefail", "-c", &script])
         .current_dir(dir.path())
@@ -569,13 +595,16 @@ fn answer(titles: &BTreeMap<u64, String>, req: &Request<Incoming>) -> Response<F
 
 #[test]
 fn the_extractors_read_what_they_should() {
-    let text = "### A\n```sh\n# comment\nexport DATABASE_URL='x://y'\nbin init \\\n  --a b\n```\n\
+    let text = "### A\n```sh\n# comment\nexport BLOOMGATE__DATABASE__URL='x://y'\nbin init \\\n  --a b\n```\n\
                 ### B\n```console\n$ curl -i u\nHTTP/1.1 200 OK\nx: y\n\n{}\n\n$ curl v\nz\n```\n";
     let b = blocks(text);
     assert_eq!(b.len(), 2);
     assert_eq!((b[0].heading.as_str(), b[0].lang.as_str()), ("A", "sh"));
     let lines = shell_lines(&b[0].text);
-    assert_eq!(lines, ["export DATABASE_URL='x://y'", "bin init --a b"]);
+    assert_eq!(
+        lines,
+        ["export BLOOMGATE__DATABASE__URL='x://y'", "bin init --a b"]
+    );
     assert_eq!(exported_url(&lines[0]).as_deref(), Some("x://y"));
     let e = exchanges(&b[1].text);
     assert_eq!(e.len(), 2);
@@ -593,5 +622,10 @@ fn the_extractors_read_what_they_should() {
         init_output("a\nbloomgate init --x -o out.toml").as_deref(),
         Some("out.toml")
     );
-    let _ = Path::new(".");
+    assert_eq!(
+        without_password("mysql://app:secret@127.0.0.1:3306/blog?ssl-mode=required"),
+        "mysql://app@127.0.0.1:3306/blog?ssl-mode=required"
+    );
+    assert_eq!(without_password("mysql://app@h/db"), "mysql://app@h/db");
+    assert_eq!(without_password("sqlite://data/x.db"), "sqlite://data/x.db");
 }
