@@ -182,6 +182,22 @@ async fn mariadb_integer_key_with_an_updated_at_index() {
     ] {
         assert!(lines.contains(&wanted), "`{wanted}` not in:\n{text}");
     }
+    // The same from the variable `serve` reads, keeping the password off the command line.
+    let from_env = bloomgate(
+        &["init", "--table", "products", "--key", "sku_id"],
+        &[("BLOOMGATE__DATABASE__URL", &db.url)],
+    );
+    assert_eq!(
+        (from_env.code, from_env.stdout.as_str()),
+        (0, text.as_str()),
+        "{}",
+        from_env.stderr
+    );
+    init_refused(
+        &["--table", "products", "--key", "sku_id"],
+        2,
+        "no database: pass --database-url",
+    );
     let dir = TempDir::new().expect("temp dir");
     // Without the variable the file's URL has no password: MariaDB refuses it, but the
     // file itself is valid; with it, serve logs in.

@@ -26,9 +26,16 @@ pub const GROWTH_WINDOW_DAYS: u64 = 30;
 /// The smallest filter `init` writes, and the step its size is rounded up to.
 pub const ITEMS_STEP: u64 = 1000;
 
+/// Read for the database URL when `--database-url` is not given: the variable `serve`
+/// reads too.
+pub const URL_VAR: &str = "BLOOMGATE__DATABASE__URL";
+
 /// Why `init` wrote nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
+    /// Neither `--database-url` nor the variable gives the database.
+    #[error("no database: pass --database-url or set BLOOMGATE__DATABASE__URL")]
+    NoUrl,
     /// The database URL has no scheme this build reads, or its driver cannot parse it.
     #[error("unsupported database URL: {0}")]
     BadUrl(String),
@@ -186,12 +193,16 @@ async fn run(args: &InitArgs) -> Result<(), InitError> {
         Some(url) => Origin::Upstream(check_upstream(url)?),
         None => Origin::Sql,
     };
-    let backend = Backend::of(&args.database_url)?;
-    let table = match backend {
-        Backend::MySql => mysql::read(&args.database_url, &args.table, &args.key).await?,
-        Backend::Sqlite => sqlite::read(&args.database_url, &args.table, &args.key).await?,
+    let database_url = match &args.database_url {
+        Some(url) => url.clone(),
+        None => std::env::var(URL_VAR).map_err(|_| InitError::NoUrl)?,
     };
-    let (url, password_removed) = without_password(&args.database_url);
+    let backend = Backend::of(&database_url)?;
+    let table = match backend {
+        Backend::MySql => mysql::read(&database_url, &args.table, &args.key).await?,
+        Backend::Sqlite => sqlite::read(&database_url, &args.table, &args.key).await?,
+    };
+    let (url, password_removed) = without_password(&database_url);
     let plan = Plan {
         url,
         password_removed,
