@@ -326,6 +326,29 @@ async fn mariadb_refusals_name_their_reason_and_exit_2() {
     init_refused(&flags("dupes"), 2, "`code` of `dupes` is not unique");
     init_refused(&flags("pairs"), 2, "`code` of `pairs` is not unique");
     init_refused(&flags("missing"), 2, "table `missing` does not exist");
+    exec(
+        &db,
+        "CREATE TABLE prices (code DECIMAL(10,2) NOT NULL PRIMARY KEY)",
+    )
+    .await;
+    init_refused(
+        &flags("prices"),
+        2,
+        "column `code` is of type decimal(10,2)",
+    );
+    // The server's URL, without a database to find the table in.
+    init_refused(
+        &[
+            "--database-url",
+            &server,
+            "--table",
+            "loose",
+            "--key",
+            "code",
+        ],
+        2,
+        "the database URL names no database",
+    );
     init_refused(
         &["--database-url", url, "--table", "loose", "--key", "nope"],
         2,
