@@ -122,6 +122,9 @@ pub enum InitError {
     /// A metadata query failed for another reason than the refusals above.
     #[error("reading the table's metadata failed: {0}")]
     Query(#[source] sqlx::Error),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
     /// The config could not be written.
     #[error("writing {path}: {source}")]
     Write {
@@ -138,8 +141,23 @@ impl InitError {
     /// 1 for failures (the database is unreachable, a file cannot be written).
     pub fn exit_code(&self) -> u8 {
         match self {
-            InitError::Connect(_) | InitError::Query(_) | InitError::Write { .. } => 1,
-            _ => 2,
+            InitError::Connect(_)
+            | InitError::Query(_)
+            | InitError::Runtime(_)
+            | InitError::Write { .. } => 1,
+            InitError::NoUrl
+            | InitError::BadUrl(_)
+            | InitError::NoDatabase
+            | InitError::NoSuchTable(_)
+            | InitError::NoSuchColumn { .. }
+            | InitError::NoSelect { .. }
+            | InitError::NotIndexed { .. }
+            | InitError::NotUnique { .. }
+            | InitError::UnsupportedKeyType { .. }
+            | InitError::BadRoute { .. }
+            | InitError::NoDefaultRoute(_)
+            | InitError::BadUpstream(_)
+            | InitError::OutputExists(_) => 2,
         }
     }
 }
@@ -149,10 +167,7 @@ pub fn main(args: InitArgs) -> ExitCode {
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|source| InitError::Write {
-            path: PathBuf::from("(runtime)"),
-            source,
-        })
+        .map_err(InitError::Runtime)
         .and_then(|rt| rt.block_on(run(&args)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
