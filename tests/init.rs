@@ -109,12 +109,14 @@ fn settings(text: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Runs `serve` on `text` unchanged, with both listeners on port 0 and `env`, and waits
-/// until its filter is ready.
+/// Runs `serve` on `text` unchanged, with both listeners on port 0, the audit off and
+/// `env`, and waits until its filter is ready.
 async fn serve(text: &str, env: &[(&str, &str)]) -> Bloomgate {
     let mut all = vec![
         ("BLOOMGATE__SERVER__LISTEN", "127.0.0.1:0"),
         ("BLOOMGATE__ADMIN__LISTEN", "127.0.0.1:0"),
+        // The audit could admit a refused key it samples; here only sync may.
+        ("BLOOMGATE__AUDIT__ENABLED", "false"),
     ];
     all.extend_from_slice(env);
     let proxy = Bloomgate::serve(text, &all).await;
@@ -182,17 +184,48 @@ async fn mariadb_integer_key_with_an_updated_at_index() {
     ] {
         assert!(lines.contains(&wanted), "`{wanted}` not in:\n{text}");
     }
+    // The same from the variable `serve` reads, keeping the password off the command line.
+    let from_env = bloomgate(
+        &["init", "--table", "products", "--key", "sku_id"],
+        &[("BLOOMGATE__DATABASE__URL", &db.url)],
+    );
+    assert_eq!(
+        (from_env.code, from_env.stdout.as_str()),
+        (0, text.as_str()),
+        "{}",
+        from_env.stderr
+    );
+    init_refused(
+        &["--table", "products", "--key", "sku_id"],
+        2,
+        "no database: pass --database-url",
+    );
     let dir = TempDir::new().expect("temp dir");
     // Without the variable the file's URL has no password: MariaDB refuses it, but the
     // file itself is valid; with it, serve logs in.
     check_config(dir.path(), &text, &[]);
     check_config(dir.path(), &text, &[("BLOOMGATE__DATABASE__URL", &db.url)]);
     let proxy = serve(&text, &[("BLOOMGATE__DATABASE__URL", &db.url)]).await;
+    let absent = demo_absent_sku(7);
     assert_gated(
         &proxy,
         &format!("/api/products/{}", demo_sku(7)),
-        &format!("/api/products/{}", demo_absent_sku(7)),
+        &format!("/api/products/{absent}"),
     )
+    .await;
+    // The sync section it wrote follows the table: a row inserted now is let through.
+    db.insert_product(absent).await;
+    assert_synced(&proxy, &format!("/api/products/{absent}")).await;
+}
+
+/// Waits until sync has let `path`'s new key through and the origin answers 200.
+async fn assert_synced(proxy: &Bloomgate, path: &str) {
+    let client = HttpClient::new();
+    let url = format!("http://{}{path}", proxy.data);
+    eventually("the new key is synced", Duration::from_secs(30), || {
+        let (client, url) = (client.clone(), url.clone());
+        async move { get(&client, &url).await.0 == 200 }
+    })
     .await;
 }
 
@@ -287,6 +320,8 @@ async fn mariadb_auto_increment_key_without_timestamp_syncs_by_integer_watermark
     check_config(dir.path(), &text, &[("BLOOMGATE__DATABASE__URL", &db.url)]);
     let proxy = serve(&text, &[("BLOOMGATE__DATABASE__URL", &db.url)]).await;
     assert_gated(&proxy, "/api/orders/2", "/api/orders/4").await;
+    exec(&db, "INSERT INTO orders (total) VALUES (4)").await;
+    assert_synced(&proxy, "/api/orders/4").await;
 }
 
 #[tokio::test]
@@ -310,6 +345,29 @@ async fn mariadb_refusals_name_their_reason_and_exit_2() {
     init_refused(&flags("dupes"), 2, "`code` of `dupes` is not unique");
     init_refused(&flags("pairs"), 2, "`code` of `pairs` is not unique");
     init_refused(&flags("missing"), 2, "table `missing` does not exist");
+    exec(
+        &db,
+        "CREATE TABLE prices (code DECIMAL(10,2) NOT NULL PRIMARY KEY)",
+    )
+    .await;
+    init_refused(
+        &flags("prices"),
+        2,
+        "column `code` is of type decimal(10,2)",
+    );
+    // The server's URL, without a database to find the table in.
+    init_refused(
+        &[
+            "--database-url",
+            &server,
+            "--table",
+            "loose",
+            "--key",
+            "code",
+        ],
+        2,
+        "the database URL names no database",
+    );
     init_refused(
         &["--database-url", url, "--table", "loose", "--key", "nope"],
         2,
@@ -545,6 +603,14 @@ async fn sqlite_with_upstream_origin_and_timestamp_sync() {
     check_config(dir.path(), &text, &[]);
     let proxy = serve(&text, &[]).await;
     assert_gated(&proxy, "/api/products/12", "/api/products/14").await;
+    upstream.state.keys.lock().expect("lock").insert(14);
+    tokio::task::block_in_place(|| {
+        sqlite_db(
+            &dir,
+            "INSERT INTO products (sku_id, name) VALUES (14, 'd');",
+        )
+    });
+    assert_synced(&proxy, "/api/products/14").await;
     assert!(
         upstream.requests().contains(&"/api/products/12".to_owned()),
         "the present key was fetched from the upstream: {:?}",

@@ -111,8 +111,10 @@ pub enum Command {
 #[derive(clap::Args)]
 pub struct InitArgs {
     /// The database holding the table: mysql://, mariadb:// or sqlite:// (read only).
+    /// Without it, BLOOMGATE__DATABASE__URL is read, which keeps a password off the
+    /// command line.
     #[arg(long)]
-    pub database_url: String,
+    pub database_url: Option<String>,
     /// The table whose keys the gate lists.
     #[arg(long)]
     pub table: String,

@@ -26,9 +26,16 @@ pub const GROWTH_WINDOW_DAYS: u64 = 30;
 /// The smallest filter `init` writes, and the step its size is rounded up to.
 pub const ITEMS_STEP: u64 = 1000;
 
+/// Read for the database URL when `--database-url` is not given: the variable `serve`
+/// reads too.
+pub const URL_VAR: &str = "BLOOMGATE__DATABASE__URL";
+
 /// Why `init` wrote nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
+    /// Neither `--database-url` nor the variable gives the database.
+    #[error("no database: pass --database-url or set BLOOMGATE__DATABASE__URL")]
+    NoUrl,
     /// The database URL has no scheme this build reads, or its driver cannot parse it.
     #[error("unsupported database URL: {0}")]
     BadUrl(String),
@@ -115,6 +122,9 @@ pub enum InitError {
     /// A metadata query failed for another reason than the refusals above.
     #[error("reading the table's metadata failed: {0}")]
     Query(#[source] sqlx::Error),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
     /// The config could not be written.
     #[error("writing {path}: {source}")]
     Write {
@@ -131,8 +141,23 @@ impl InitError {
     /// 1 for failures (the database is unreachable, a file cannot be written).
     pub fn exit_code(&self) -> u8 {
         match self {
-            InitError::Connect(_) | InitError::Query(_) | InitError::Write { .. } => 1,
-            _ => 2,
+            InitError::Connect(_)
+            | InitError::Query(_)
+            | InitError::Runtime(_)
+            | InitError::Write { .. } => 1,
+            InitError::NoUrl
+            | InitError::BadUrl(_)
+            | InitError::NoDatabase
+            | InitError::NoSuchTable(_)
+            | InitError::NoSuchColumn { .. }
+            | InitError::NoSelect { .. }
+            | InitError::NotIndexed { .. }
+            | InitError::NotUnique { .. }
+            | InitError::UnsupportedKeyType { .. }
+            | InitError::BadRoute { .. }
+            | InitError::NoDefaultRoute(_)
+            | InitError::BadUpstream(_)
+            | InitError::OutputExists(_) => 2,
         }
     }
 }
@@ -142,10 +167,7 @@ pub fn main(args: InitArgs) -> ExitCode {
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|source| InitError::Write {
-            path: PathBuf::from("(runtime)"),
-            source,
-        })
+        .map_err(InitError::Runtime)
         .and_then(|rt| rt.block_on(run(&args)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -186,12 +208,16 @@ async fn run(args: &InitArgs) -> Result<(), InitError> {
         Some(url) => Origin::Upstream(check_upstream(url)?),
         None => Origin::Sql,
     };
-    let backend = Backend::of(&args.database_url)?;
-    let table = match backend {
-        Backend::MySql => mysql::read(&args.database_url, &args.table, &args.key).await?,
-        Backend::Sqlite => sqlite::read(&args.database_url, &args.table, &args.key).await?,
+    let database_url = match &args.database_url {
+        Some(url) => url.clone(),
+        None => std::env::var(URL_VAR).map_err(|_| InitError::NoUrl)?,
     };
-    let (url, password_removed) = without_password(&args.database_url);
+    let backend = Backend::of(&database_url)?;
+    let table = match backend {
+        Backend::MySql => mysql::read(&database_url, &args.table, &args.key).await?,
+        Backend::Sqlite => sqlite::read(&database_url, &args.table, &args.key).await?,
+    };
+    let (url, password_removed) = without_password(&database_url);
     let plan = Plan {
         url,
         password_removed,

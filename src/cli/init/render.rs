@@ -62,22 +62,31 @@ pub fn render(plan: &Plan) -> String {
             toml_str(&format!("SELECT {key} FROM {table}"))
         ),
     );
+    let rows = match t.rows {
+        1 => "1 row".to_owned(),
+        n => format!("{n} rows"),
+    };
     match &t.growth {
         Some(g) => {
             line(
                 &mut out,
                 &format!(
-                    "# {} rows now; sized for the largest of 2 x rows, {ITEMS_STEP}, and the rows plus a year of",
-                    t.rows
+                    "# {rows} now. Sized for the largest of 2 x rows, {ITEMS_STEP}, and the rows plus a"
                 ),
             );
             line(
                 &mut out,
                 &format!(
-                    "# inserts at the rate of the last {GROWTH_WINDOW_DAYS} days ({} by `{}`: {} a year), rounded up",
+                    "# year of inserts at the last {GROWTH_WINDOW_DAYS} days' rate ({} by `{}`: {} a year),",
                     g.recent,
                     g.column,
                     g.per_year()
+                ),
+            );
+            line(
+                &mut out,
+                &format!(
+                    "# rounded up to a multiple of {ITEMS_STEP}. Past it the filter is rebuilt twice as large."
                 ),
             );
         }
@@ -85,17 +94,18 @@ pub fn render(plan: &Plan) -> String {
             line(
                 &mut out,
                 &format!(
-                    "# {} rows now; sized for the larger of 2 x rows and {ITEMS_STEP} (no created_at-like column",
-                    t.rows
+                    "# {rows} now. Sized for the larger of 2 x rows and {ITEMS_STEP} (no created_at-like"
                 ),
             );
-            line(&mut out, "# dates the inserts), rounded up");
+            line(
+                &mut out,
+                &format!(
+                    "# column dates the inserts), rounded up to a multiple of {ITEMS_STEP}. Past it the"
+                ),
+            );
+            line(&mut out, "# filter is rebuilt twice as large.");
         }
     }
-    line(
-        &mut out,
-        &format!("# to a multiple of {ITEMS_STEP}. Past it the filter is rebuilt twice as large."),
-    );
     line(
         &mut out,
         &format!("expected_items = {}", plan.expected_items()),
@@ -123,10 +133,11 @@ pub fn render(plan: &Plan) -> String {
             };
             line(
                 &mut out,
-                &format!(
-                    "# `{}` is {}{compared}; at most {max_len} bytes.",
-                    t.key.name, t.key.declared
-                ),
+                &format!("# `{}` is {}{compared}.", t.key.name, t.key.declared),
+            );
+            line(
+                &mut out,
+                &format!("# Keys longer than {max_len} bytes are refused with 400."),
             );
             line(
                 &mut out,
