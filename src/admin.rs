@@ -27,11 +27,11 @@ use crate::config::ConfigError;
 use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
 use crate::key::normalize;
-use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::pipeline::response;
 use crate::reload::{ReloadError, Reloader};
 use crate::server::Handler;
+use crate::stages::Metrics;
 
 /// Largest admin request body (key uploads).
 const MAX_ADMIN_BODY: usize = 64 * 1024 * 1024;

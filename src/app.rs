@@ -21,9 +21,9 @@ use crate::cache::ResponseCache;
 use crate::config::{Compiled, Config, ConfigError, Threading};
 use crate::db::{Db, PoolSettings};
 use crate::fleet::Fleet;
+use crate::fleet::metrics::FleetMetrics;
 use crate::gate::Filter;
 use crate::gate::admit::Admit;
-use crate::metrics::{FleetMetrics, Metrics};
 use crate::pipeline::budget::Budget;
 use crate::pipeline::{Proxy, ProxyBody};
 use crate::reload::Reloader;
@@ -31,6 +31,7 @@ use crate::server::tls::TlsSetupError;
 use crate::server::{
     self, ConnectionMetrics, Handler, ServeOptions, ServingRuntimes, Tls, Transport,
 };
+use crate::stages::Metrics;
 use crate::stages::{AssembleError, RouteIds, Stages};
 
 /// Local changes waiting for the fleet's appender; past this, a change is dropped

@@ -1,12 +1,34 @@
 //! Key normalisation: the one function that turns a raw key (from a request or from a
 //! database row) into the canonical form the filter and the cache see. Requests and the
 //! loader share it, so "007" in a URL and 7 in a column can never disagree. It does not
-//! extract keys from requests (see `proxy::route`).
+//! extract keys from requests (see `pattern::route`).
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::config::Normalize;
+use serde::{Deserialize, Serialize};
+
+/// How a raw key becomes the canonical bytes that the filter and cache see.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Normalize {
+    /// An unsigned 64-bit integer in canonical decimal form (`007` and `+7` become `7`).
+    #[default]
+    Integer,
+    /// Text: trimmed, optionally lowercased, at most `max_len` bytes.
+    String {
+        /// Fold ASCII and Unicode letters to lower case.
+        #[serde(default)]
+        lowercase: bool,
+        /// Longest accepted key, in bytes after trimming and lowercasing.
+        #[serde(default = "default_max_len")]
+        max_len: usize,
+    },
+}
+
+fn default_max_len() -> usize {
+    128
+}
 
 /// Why a raw key was refused. Every variant becomes a 400 before any lookup.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -6,6 +6,7 @@
 //! again. It also owns the standalone filters' background tasks, which a reload starts
 //! and stops with the filters.
 
+pub mod metrics;
 pub mod restart;
 
 pub use restart::RESTART_ONLY;
@@ -21,9 +22,9 @@ use crate::config::{Compiled, Config, ConfigError};
 use crate::db::Db;
 use crate::fleet::Fleet;
 use crate::gate::{Filter, Reconfigure};
-use crate::metrics::{ReloadMetrics, ReloadResult};
 use crate::origin::guard::OriginGuard;
 use crate::pipeline::Proxy;
+use crate::reload::metrics::{ReloadMetrics, ReloadResult};
 use crate::stages::{AssembleError, Stages};
 
 /// Why a reload changed nothing.

@@ -8,7 +8,6 @@
 //! request reaches the handler the same whatever the protocol and thread, with a
 //! [`ConnectionInfo`] in its extensions. It knows nothing about what the handler does.
 
-pub mod cert;
 pub mod metrics;
 mod per_core;
 mod sniff;
@@ -34,7 +33,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 pub use metrics::ConnectionMetrics;
 pub use per_core::{ServingRuntimes, bind_reuseport, serve_per_core};
-pub use tls::{CertificateFiles, Tls};
+pub use tls::Tls;
 
 use crate::pipeline::error::ProxyError;
 use metrics::HandshakeFailure;

@@ -5,6 +5,8 @@
 //! same parts, replacing only the parts whose settings changed. Nothing here answers a
 //! request or reads a file.
 
+mod metrics;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -21,7 +23,6 @@ use crate::db::Db;
 use crate::fleet::Fleet;
 use crate::gate::Filter;
 use crate::gate::admit::Admit;
-use crate::metrics::Metrics;
 use crate::origin::client::Upstream;
 use crate::origin::guard::OriginGuard;
 use crate::origin::{Origin, ResponseMeta, SqlOrigin, UpstreamOrigin};
@@ -29,6 +30,8 @@ use crate::pipeline::budget::Budget;
 use crate::pipeline::write_through::WriteThrough;
 use crate::pipeline::{EdgePolicy, GuardedRoute, Pipeline};
 use crate::server::Tls;
+
+pub use metrics::Metrics;
 
 /// Why a pipeline could not be assembled.
 #[derive(Debug, thiserror::Error)]

@@ -490,7 +490,7 @@ async fn an_admission_at_any_step_of_a_publication_is_in_the_new_generation() {
         .await
         .expect("connection manager");
     let registry = prometheus::Registry::new();
-    let metrics = bloomgate::metrics::FilterFamilies::register(&registry)
+    let metrics = bloomgate::gate::metrics::FilterFamilies::register(&registry)
         .expect("families")
         .handles("steps", 0.01, None);
     let config = HeldConfig {

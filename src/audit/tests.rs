@@ -8,8 +8,8 @@ use super::ledger::{Ledger, Watch};
 use crate::config::Config;
 use crate::gate::Filter;
 use crate::gate::admit::AdmissionWatcher;
+use crate::gate::metrics::FilterFamilies;
 use crate::key::OwnedKey;
-use crate::metrics::FilterFamilies;
 
 const OVERLAP: Duration = Duration::from_secs(2);
 const INTERVAL: Duration = Duration::from_secs(1);

@@ -16,11 +16,11 @@ use super::{
     Config, ConfigError, FilterConfig, KeySource, Normalize, OriginConfig, RouteConfig, RouteMode,
     StaleWindows, TlsConfig, UndeclaredQuery, UpstreamConfig, WriteKey, WriteThroughConfig,
 };
+use crate::cert::CertificateFiles;
+use crate::cert::{CertFile, LoadedCertificate};
 use crate::filter::BloomParams;
-use crate::pipeline::client::Cidrs;
-use crate::pipeline::route::{MatchOptions, PathPattern, QueryRules};
-use crate::server::CertificateFiles;
-use crate::server::cert::{CertFile, LoadedCertificate};
+use crate::pattern::cidrs::Cidrs;
+use crate::pattern::route::{MatchOptions, PathPattern, QueryRules};
 
 /// A config that passed every rule, and everything decided from it. Only
 /// [`Config::compile`] makes one, so what it holds is consistent: every route's and

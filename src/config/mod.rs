@@ -6,7 +6,7 @@
 mod audit;
 mod compile;
 mod env;
-mod model;
+pub mod model;
 mod origins;
 mod validate;
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::audit::AuditConfig;
 use super::origins::{BreakerConfig, OriginLimits};
+pub use crate::key::Normalize;
 
 /// The whole configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -560,8 +561,15 @@ fn default_local_copy() -> bool {
     true
 }
 
+/// The most a Redis string holds by default (`proto-max-bulk-len`, 512 MB): the largest
+/// shard of a filter held in Redis.
+pub const MAX_SHARD_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Shard size unless configured: half the most a Redis string may hold.
+pub const DEFAULT_SHARD_BYTES: u64 = MAX_SHARD_BYTES / 2;
+
 fn default_shard_bytes() -> u64 {
-    crate::gate::redis_held::DEFAULT_SHARD_BYTES
+    DEFAULT_SHARD_BYTES
 }
 
 /// Incremental sync: a query polled on an interval that returns keys changed since a
@@ -633,28 +641,6 @@ fn default_retry_initial() -> Duration {
 }
 fn default_retry_max() -> Duration {
     Duration::from_secs(30)
-}
-
-/// How a raw key becomes the canonical bytes that the filter and cache see.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
-pub enum Normalize {
-    /// An unsigned 64-bit integer in canonical decimal form (`007` and `+7` become `7`).
-    #[default]
-    Integer,
-    /// Text: trimmed, optionally lowercased, at most `max_len` bytes.
-    String {
-        /// Fold ASCII and Unicode letters to lower case.
-        #[serde(default)]
-        lowercase: bool,
-        /// Longest accepted key, in bytes after trimming and lowercasing.
-        #[serde(default = "default_max_len")]
-        max_len: usize,
-    },
-}
-
-fn default_max_len() -> usize {
-    128
 }
 
 /// A guarded route.

@@ -422,9 +422,7 @@ pub(super) fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
             p.add(at("redis.check_timeout"), "must be between 1ms and 1s");
         }
         let shard = f.redis.shard_bytes;
-        if !(64..=crate::gate::redis_held::MAX_SHARD_BYTES).contains(&shard)
-            || !shard.is_multiple_of(64)
-        {
+        if !(64..=super::model::MAX_SHARD_BYTES).contains(&shard) || !shard.is_multiple_of(64) {
             p.add(
                 at("redis.shard_bytes"),
                 "must be a multiple of 64 between 64 and 536870912",

@@ -14,14 +14,13 @@ use futures_util::FutureExt;
 use rand::TryRngCore;
 
 use super::membership::Membership;
-use super::{
-    BuildPhase, Filter, LoadOrigin, LoadResult, LoadStatus, RebuildReason, lock, unix_now,
-};
+use super::{BuildPhase, Filter, LoadOrigin, LoadResult, LoadStatus, RebuildReason, lock};
 use crate::config::{FilterConfig, Normalize, WatermarkKind};
 use crate::db::Db;
 use crate::filter::snapshot;
 use crate::filter::{BloomFilter, BloomParams};
 use crate::key::{KeyBytes, OwnedKey, normalize};
+use crate::metrics::unix_now;
 use crate::watermark::Watermark;
 
 /// Why a build failed.

@@ -29,7 +29,7 @@ use redis::aio::ConnectionManager;
 use super::redis_held::{self, HeldError, HeldKeys, Layout, Scripts, Upload};
 use crate::config::HeldConfig;
 use crate::filter::BloomFilter;
-use crate::metrics::FilterMetrics;
+use crate::gate::metrics::FilterMetrics;
 
 /// Admissions recorded during one upload before the recording gives up (and the
 /// generation is written again): a bound on memory, not a limit anyone should reach.

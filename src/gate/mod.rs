@@ -15,13 +15,14 @@ pub mod admit;
 mod build;
 pub mod held;
 pub mod membership;
+pub mod metrics;
 pub mod redis_held;
 pub mod sync;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use arc_swap::ArcSwapOption;
 use serde::Serialize;
@@ -31,9 +32,9 @@ pub use build::{LoadError, fill, fits_config, secret_seed, start_watermark};
 
 use crate::config::{FilterConfig, Normalize};
 use crate::filter::FilterStats;
+use crate::gate::metrics::FilterMetrics;
 use crate::gate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use crate::key::{KeyBytes, NormKey};
-use crate::metrics::FilterMetrics;
 use crate::watermark::Watermark;
 use admissions::Admissions;
 use membership::{Membership, Probe};
@@ -675,13 +676,6 @@ pub struct AdmissionMark {
 /// Locks a mutex whose data stays valid even if a holder panicked.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(crate) fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -29,16 +29,11 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
+pub use crate::config::{DEFAULT_SHARD_BYTES, MAX_SHARD_BYTES};
 use crate::filter::{BLOCK_BITS, BloomFilter, MAX_BITS, MAX_OPTIMAL_HASHES, locate};
 
 /// The bytes of one block.
 const BLOCK_BYTES: u64 = BLOCK_BITS / 8;
-
-/// The most a Redis string holds by default (`proto-max-bulk-len`, 512 MB).
-pub const MAX_SHARD_BYTES: u64 = 512 * 1024 * 1024;
-
-/// Shard size unless configured: half the most a Redis string may hold.
-pub const DEFAULT_SHARD_BYTES: u64 = MAX_SHARD_BYTES / 2;
 
 /// Bytes per `SETRANGE` when a generation is written.
 const UPLOAD_CHUNK: usize = 1 << 20;

@@ -24,8 +24,9 @@ use tokio::time::MissedTickBehavior;
 use super::admit::{Admit, Forget};
 use crate::config::SyncConfig;
 use crate::db::Db;
-use crate::gate::{Filter, unix_now};
+use crate::gate::Filter;
 use crate::key::{KeyBytes, OwnedKey, normalize};
+use crate::metrics::unix_now;
 use crate::watermark::Watermark;
 use seen::{MAX_REMEMBERED_ROWS, SeenRows};
 

@@ -15,7 +15,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use super::OriginError;
 use super::breaker::{Breaker, BreakerState, Ending, Ticket};
 use crate::config::OriginLimits;
-use crate::metrics::OriginMetrics;
+use crate::origin::metrics::OriginMetrics;
 
 /// Why a call was not made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,6 +7,7 @@ pub mod breaker;
 pub mod client;
 pub mod guard;
 pub mod http_cache;
+pub mod metrics;
 mod sql;
 mod upstream;
 

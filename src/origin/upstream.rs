@@ -19,7 +19,7 @@ use super::{
 };
 use crate::config::StaleWindows;
 use crate::key::{KeyBytes, OwnedKey};
-use crate::pipeline::route::PathPattern;
+use crate::pattern::route::PathPattern;
 
 /// An upstream origin of one route.
 pub struct UpstreamOrigin {

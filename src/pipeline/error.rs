@@ -7,12 +7,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 
 use crate::key::KeyError;
 use crate::origin::OriginError;
 use crate::origin::client::UpstreamError;
 use crate::origin::guard::Refusal;
+use crate::pipeline::response::ProxyBody;
 
 /// A request that could not be answered normally.
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +23,7 @@ pub enum ProxyError {
     BadKey(#[from] KeyError),
     /// A path that cannot be normalised (a malformed escape) under a guarded route: 400.
     #[error(transparent)]
-    BadPath(#[from] crate::pipeline::path::PathError),
+    BadPath(#[from] crate::pattern::path::PathError),
     /// A spelling of a guarded path (an escaped `/`, a `\\`, `;` parameters) that an
     /// upstream could read as the guarded resource without the gate judging it: 400.
     #[error("the path is a non-canonical spelling of a guarded route")]
@@ -215,6 +216,11 @@ impl From<Arc<OriginError>> for ProxyError {
     }
 }
 
+/// Turns an error into its response (the only place that does).
+pub fn error_response(e: ProxyError) -> Response<ProxyBody> {
+    e.into_response().map(Either::Left)
+}
+
 #[cfg(test)]
 mod tests {
     use std::error::Error as StdError;
@@ -228,9 +234,9 @@ mod tests {
     };
     use crate::db::{Db, DbError, PoolSettings};
     use crate::key::OwnedKey;
-    use crate::metrics::OriginFamilies;
     use crate::origin::client::Upstream;
     use crate::origin::guard::OriginGuard;
+    use crate::origin::metrics::OriginFamilies;
     use crate::origin::{Origin, ResponseMeta, SqlOrigin};
 
     fn test_guard() -> Arc<OriginGuard> {

@@ -9,7 +9,8 @@ use bytes::{BufMut, BytesMut};
 use http::header::{FORWARDED, HeaderName};
 use http::{HeaderMap, HeaderValue};
 
-use crate::pipeline::client::{Cidrs, X_FORWARDED_FOR, canonical_ip};
+use crate::pattern::cidrs::{Cidrs, canonical_ip};
+use crate::pipeline::client::X_FORWARDED_FOR;
 
 /// The `X-Forwarded-Proto` header name.
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

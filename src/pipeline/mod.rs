@@ -7,11 +7,10 @@ pub mod budget;
 pub mod client;
 pub mod error;
 pub mod forwarded;
+pub mod metrics;
 pub mod outcome;
 pub mod passthrough;
-pub mod path;
 pub mod response;
-pub mod route;
 pub mod write_through;
 
 use std::future::Future;
@@ -33,17 +32,20 @@ use crate::config::{KeySource, Normalize, OutcomeHeaderPolicy, RouteMode};
 use crate::gate::{Filter, Verdict};
 use crate::key::NormKey;
 use crate::key::{KeyBytes, KeyError, normalize};
-use crate::metrics::{PassthroughMetrics, RouteMetrics};
 use crate::origin::client::Upstream;
 use crate::origin::http_cache;
 use crate::origin::{CachedResponse, Origin, OriginError, Variant};
+use crate::pattern::cidrs::Cidrs;
+use crate::pattern::path;
+use crate::pattern::route::{PathPattern, QueryRules};
 use crate::pipeline::budget::{Allowance, Budget};
-use crate::pipeline::client::{Cidrs, client_ip};
+use crate::pipeline::client::client_ip;
 use crate::pipeline::error::ProxyError;
+use crate::pipeline::metrics::{PassthroughMetrics, RouteMetrics};
 use crate::pipeline::outcome::Outcome;
-pub use response::{ProxyBody, X_BLOOMGATE, error_response};
+pub use error::error_response;
+pub use response::{ProxyBody, X_BLOOMGATE};
 use response::{not_found, replay, replay_stale};
-use route::{PathPattern, QueryRules};
 use write_through::WriteThrough;
 
 /// One guarded route, compiled.

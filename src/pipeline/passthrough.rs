@@ -14,13 +14,14 @@ use http::{HeaderMap, HeaderValue, Request, Response, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
-use crate::metrics::PassthroughMetrics;
 use crate::origin::client::{self, Upstream};
-use crate::pipeline::client::Cidrs;
+use crate::pattern::cidrs::Cidrs;
 use crate::pipeline::error::ProxyError;
+use crate::pipeline::error::error_response;
 use crate::pipeline::forwarded;
+use crate::pipeline::metrics::PassthroughMetrics;
 use crate::pipeline::outcome::BYPASS;
-use crate::pipeline::response::{self, ProxyBody, X_BLOOMGATE, error_response};
+use crate::pipeline::response::{self, ProxyBody, X_BLOOMGATE};
 use crate::server::ConnectionInfo;
 
 const VIA_VALUE: &str = "1.1 bloomgate";

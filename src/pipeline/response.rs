@@ -8,7 +8,6 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use super::error::ProxyError;
 use crate::origin::http_cache;
 use crate::origin::{CachedResponse, Validators};
 
@@ -80,9 +79,4 @@ pub(super) fn replay(cached: CachedResponse, request: &HeaderMap) -> Response<Pr
         headers.append(name.clone(), value.clone());
     }
     resp
-}
-
-/// Turns an error into its response (the only place that does).
-pub fn error_response(e: ProxyError) -> Response<ProxyBody> {
-    e.into_response().map(Either::Left)
 }

@@ -16,11 +16,11 @@ use percent_encoding::percent_decode_str;
 use prometheus::IntCounter;
 
 use super::ProxyBody;
-use super::route::PathPattern;
 use crate::config::{CompiledWriteThrough, WriteKey};
 use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
 use crate::key::normalize;
+use crate::pattern::route::PathPattern;
 
 /// Largest response body read to find a JSON key field.
 const MAX_JSON_BODY: usize = 1024 * 1024;
@@ -137,7 +137,7 @@ pub fn matching<'r>(
     if !rules.iter().any(|r| r.methods.contains(req.method())) {
         return None;
     }
-    let path = super::path::canonical(req.uri().path()).ok()?;
+    let path = crate::pattern::path::canonical(req.uri().path()).ok()?;
     rules.iter().find_map(|rule| {
         if !rule.methods.contains(req.method()) {
             return None;

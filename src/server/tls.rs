@@ -4,44 +4,21 @@
 //! handshakes get the new certificate, established connections keep their session. It
 //! does not read HTTP.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls::crypto::CryptoProvider;
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 
-use super::cert::{self, CertificateError, LoadedCertificate};
 use super::metrics::ConnectionMetrics;
+use crate::cert::{CertificateError, CertificateFiles, LoadedCertificate, provider};
 
 /// The ALPN name of HTTP/2.
 pub const ALPN_H2: &[u8] = b"h2";
 /// The ALPN name of HTTP/1.1.
 pub const ALPN_HTTP1: &[u8] = b"http/1.1";
-
-/// The one crypto provider of the process's TLS: ring.
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Where the certificate and key are read from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertificateFiles {
-    /// The PEM chain.
-    pub cert_file: PathBuf,
-    /// The PEM private key.
-    pub key_file: PathBuf,
-}
-
-impl CertificateFiles {
-    /// Reads and checks both files.
-    pub fn load(&self) -> Result<LoadedCertificate, CertificateError> {
-        cert::load(&self.cert_file, &self.key_file, &provider())
-    }
-}
 
 /// Why the TLS server config could not be made.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use super::family;
+use crate::metrics::family;
 use crate::origin::breaker::BreakerState;
 
 /// The origin families, registered together.

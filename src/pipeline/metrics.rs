@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
-use super::family;
+use crate::metrics::family;
 use crate::pipeline::outcome::Outcome;
 
 /// The route families, registered together.
@@ -120,5 +120,26 @@ impl RouteMetrics {
     /// Counts a key the gate called absent that the origin found (shadow mode).
     pub fn false_negative(&self) {
         self.false_negatives.inc();
+    }
+}
+
+/// Counters for pass-through responses by status class.
+#[derive(Clone)]
+pub struct PassthroughMetrics {
+    by_class: [IntCounter; 5],
+}
+
+impl PassthroughMetrics {
+    /// Resolves the handle of each status class of `family` (labelled by `status`).
+    pub fn new(family: &IntCounterVec) -> PassthroughMetrics {
+        PassthroughMetrics {
+            by_class: ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|c| family.with_label_values(&[c])),
+        }
+    }
+
+    /// Counts one pass-through response.
+    pub fn observe(&self, status: u16) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.by_class[class].inc();
     }
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use super::{clamp_i64, family};
 use crate::filter::FilterStats;
+use crate::metrics::{clamp_i64, family};
 
 /// The filter families, registered together.
 #[derive(Clone)]

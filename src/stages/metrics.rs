@@ -1,76 +1,16 @@
-//! Every Prometheus metric bloomgate exports, registered on a registry that is passed in
-//! (never the global one), so several proxies can live in one process. Per-route label
-//! handles are resolved once at start-up: the request path only increments. It does not
-//! serve `/metrics` (see `admin`).
+//! Every metric family bloomgate exports, registered together on one registry: the
+//! families of each stage (made beside the stage, see `crate::metrics`) and the few that
+//! count the process as a whole (cache sizes, pass-through, write-through, the access
+//! log, the runtime). Per-route label handles are resolved once at start-up: the request
+//! path only increments.
 
-mod filter;
-mod fleet;
-mod origin;
-mod reload;
-mod route;
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
-use prometheus::core::Collector;
-use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
-
-pub use filter::{FilterFamilies, FilterMetrics};
-pub use fleet::FleetMetrics;
-pub use origin::{OriginFamilies, OriginMetrics};
-pub use reload::{ReloadMetrics, ReloadResult};
-pub use route::{RouteFamilies, RouteMetrics};
-
-/// Histogram buckets for request latency: from 50 µs (an intercepted request) to 10 s.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0,
-];
-
-/// A metric family that can be made from a name, a help text and label names.
-pub trait Family: Collector + Clone + Sized + 'static {
-    /// Makes the family (not registered yet).
-    fn make(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<Self>;
-}
-
-impl Family for IntCounterVec {
-    fn make(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<Self> {
-        IntCounterVec::new(Opts::new(name, help), labels)
-    }
-}
-
-impl Family for IntGaugeVec {
-    fn make(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<Self> {
-        IntGaugeVec::new(Opts::new(name, help), labels)
-    }
-}
-
-impl Family for GaugeVec {
-    fn make(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<Self> {
-        GaugeVec::new(Opts::new(name, help), labels)
-    }
-}
-
-/// Latency histograms: every histogram bloomgate exports measures a duration.
-impl Family for HistogramVec {
-    fn make(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<Self> {
-        HistogramVec::new(
-            HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-            labels,
-        )
-    }
-}
-
-/// Makes a family and registers it on `registry`: declaring a metric is this one call.
-pub fn family<F: Family>(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<F> {
-    let f = F::make(name, help, labels)?;
-    registry.register(Box::new(f.clone()))?;
-    Ok(f)
-}
+use crate::gate::metrics::FilterFamilies;
+use crate::metrics::{clamp_i64, family};
+use crate::origin::metrics::OriginFamilies;
+use crate::pipeline::metrics::{PassthroughMetrics, RouteFamilies};
+use crate::reload::metrics::ReloadMetrics;
 
 /// Every metric family, by concern.
 #[derive(Clone)]
@@ -195,27 +135,6 @@ impl Metrics {
 
     /// Handles for pass-through counting, one per status class.
     pub fn passthrough(&self) -> PassthroughMetrics {
-        PassthroughMetrics {
-            by_class: ["1xx", "2xx", "3xx", "4xx", "5xx"]
-                .map(|c| self.passthrough.with_label_values(&[c])),
-        }
+        PassthroughMetrics::new(&self.passthrough)
     }
-}
-
-/// Counters for pass-through responses by status class.
-#[derive(Clone)]
-pub struct PassthroughMetrics {
-    by_class: [IntCounter; 5],
-}
-
-impl PassthroughMetrics {
-    /// Counts one pass-through response.
-    pub fn observe(&self, status: u16) {
-        let class = usize::from(status / 100).clamp(1, 5) - 1;
-        self.by_class[class].inc();
-    }
-}
-
-fn clamp_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
 }

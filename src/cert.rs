@@ -1,6 +1,7 @@
 //! The data plane's certificate: a PEM chain and its private key read from files,
 //! checked against each other with the ring provider, and the leaf's not-after time. It
-//! reads files; serving TLS with the result is `server::tls`.
+//! reads files; serving TLS with the result is `server::tls`. The config names the files
+//! ([`CertificateFiles`]) and checks them when it is compiled.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -267,5 +268,26 @@ mod tests {
         assert!(der_item(&item[..100], 0x30).is_none(), "truncated");
         assert!(der_item(&[0x30, 0x80], 0x30).is_none(), "indefinite length");
         assert!(not_after(b"not a certificate").is_err());
+    }
+}
+
+/// The one crypto provider of the process's TLS: ring.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Where the certificate and key are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateFiles {
+    /// The PEM chain.
+    pub cert_file: PathBuf,
+    /// The PEM private key.
+    pub key_file: PathBuf,
+}
+
+impl CertificateFiles {
+    /// Reads and checks both files.
+    pub fn load(&self) -> Result<LoadedCertificate, CertificateError> {
+        load(&self.cert_file, &self.key_file, &provider())
     }
 }

@@ -8,9 +8,9 @@ use std::borrow::Cow;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 
-use crate::config::KeySource;
+use crate::config::model::KeySource;
 use crate::key::KeyError;
-use crate::pipeline::path::PathError;
+use crate::pattern::path::PathError;
 
 /// Everything but RFC 3986 unreserved characters is escaped in the targets we build.
 const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
@@ -41,7 +41,7 @@ pub struct MatchOptions {
 
 impl MatchOptions {
     /// The options a configured route asks for.
-    pub fn of(route: &crate::config::RouteConfig) -> Self {
+    pub fn of(route: &crate::config::model::RouteConfig) -> Self {
         Self {
             case_sensitive: route.case_sensitive,
             strict_trailing_slash: route.strict_trailing_slash,
@@ -161,9 +161,9 @@ impl PathPattern {
     /// the key comes from the path, in which case its name must match.
     pub fn parse_write(
         path: &str,
-        key: &crate::config::WriteKey,
+        key: &crate::config::model::WriteKey,
     ) -> Result<PathPattern, PatternError> {
-        use crate::config::WriteKey;
+        use crate::config::model::WriteKey;
         let options = MatchOptions::default();
         let param = match key {
             WriteKey::Segment(name) => name.clone(),
@@ -555,7 +555,7 @@ mod tests {
 
     #[test]
     fn write_patterns_take_an_optional_param() {
-        use crate::config::WriteKey;
+        use crate::config::model::WriteKey;
         let header = WriteKey::Header("location".into());
         assert!(PathPattern::parse_write("/api/products", &header).is_ok());
         assert!(PathPattern::parse_write("/api/products/{id}", &header).is_ok());
