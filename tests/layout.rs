@@ -305,3 +305,87 @@ fn paths_in_braces_resolve_to_the_defining_file() {
         edges["gate::build"]
     );
 }
+
+/// The layers of the library, bottom first: a module may import from its own layer and
+/// the layers below it, never from a layer above (lib.rs's `# Layout` names them).
+const LAYERS: &[(&str, &[&str])] = &[
+    (
+        "bottom",
+        &[
+            "key",
+            "filter",
+            "watermark",
+            "pattern",
+            "cert",
+            "config",
+            "metrics",
+            "db",
+            "access_log",
+            "notify",
+            "serving",
+        ],
+    ),
+    ("middle", &["origin", "cache", "gate", "fleet", "audit"]),
+    (
+        "top",
+        &["pipeline", "server", "stages", "reload", "admin", "app", ""],
+    ),
+];
+
+/// The layer of a module (by its first path segment), as an index into [`LAYERS`].
+fn layer(module: &str) -> Option<usize> {
+    let top = module.split("::").next().unwrap_or("");
+    LAYERS
+        .iter()
+        .position(|(_, members)| members.contains(&top))
+}
+
+/// Every import that runs from a lower layer to a higher one.
+fn upward(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (from, targets) in edges {
+        let Some(low) = layer(from) else { continue };
+        for to in targets {
+            if let Some(high) = layer(to)
+                && high > low
+            {
+                found.push(format!(
+                    "{from} ({}) imports {to} ({})",
+                    LAYERS[low].0, LAYERS[high].0
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_module_belongs_to_a_layer_and_no_import_runs_up() {
+    let edges = graph();
+    let unplaced: Vec<&Module> = edges.keys().filter(|m| layer(m).is_none()).collect();
+    assert!(
+        unplaced.is_empty(),
+        "modules in no layer (add them to LAYERS and lib.rs's # Layout): {unplaced:?}"
+    );
+    let up = upward(&edges);
+    assert!(
+        up.is_empty(),
+        "imports that run up a layer:\n{}",
+        up.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_an_import_that_runs_up() {
+    let mut edges = graph();
+    edges
+        .get_mut("key")
+        .expect("key module")
+        .insert("pipeline::outcome".into());
+    let up = upward(&edges);
+    assert_eq!(
+        up,
+        ["key (bottom) imports pipeline::outcome (top)"],
+        "{up:?}"
+    );
+}
