@@ -29,9 +29,8 @@ fn path(sku: u64) -> String {
 
 async fn origin_series(proxy: &TestProxy, family: &str, labels: &str) -> f64 {
     proxy
-        .metric_or_absent(&format!("{family}{{{labels}}}"))
+        .counter_or_zero(&format!("{family}{{{labels}}}"))
         .await
-        .unwrap_or(0.0)
 }
 
 async fn calls(proxy: &TestProxy) -> f64 {

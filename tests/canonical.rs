@@ -10,6 +10,7 @@ mod support;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
 use proptest::prelude::*;
@@ -87,7 +88,10 @@ async fn raw_get(addr: SocketAddr, target: &str) -> (u16, String) {
     let req = format!("GET {target} HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.expect("write");
     let mut out = Vec::new();
-    s.read_to_end(&mut out).await.expect("read");
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out))
+        .await
+        .expect("the proxy answers and closes within 30 s")
+        .expect("read");
     let text = String::from_utf8_lossy(&out).into_owned();
     let status = text
         .split(' ')

@@ -50,11 +50,10 @@ fn write_config(name: &str, text: &str) -> TempConfig {
 }
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .expect("run bloomgate");
+    let out = support::output_within(
+        Command::new(BIN).args(args).envs(env.iter().copied()),
+        Duration::from_secs(60),
+    );
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -120,9 +120,8 @@ async fn counter(proxy: &TestProxy, name: &str) -> f64 {
 
 async fn polls(proxy: &TestProxy) -> f64 {
     proxy
-        .metric_or_absent("bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}")
+        .counter_or_zero("bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}")
         .await
-        .unwrap_or(0.0)
 }
 
 /// Waits until `n` more sync polls have succeeded than when it was called.

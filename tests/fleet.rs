@@ -279,7 +279,7 @@ async fn an_admission_made_while_redis_is_frozen_reaches_the_others_when_it_thaw
     let path = format!("/api/products/{key}");
     assert_eq!(b.get(&path).await.status.as_u16(), 404);
     let appended = "bloomgate_fleet_stream_entries_total{direction=\"appended\"}";
-    let before = a.metric_or_absent(appended).await.unwrap_or(0.0);
+    let before = a.counter_or_zero(appended).await;
 
     redis.freeze();
     on_all(
@@ -300,7 +300,7 @@ async fn an_admission_made_while_redis_is_frozen_reaches_the_others_when_it_thaw
     assert_eq!(a.get(&path).await.status.as_u16(), 200);
     // B has no sync of its own here (no sync query): only the stream can bring the key.
     assert_eq!(b.get(&path).await.status.as_u16(), 404);
-    assert_eq!(a.metric_or_absent(appended).await.unwrap_or(0.0), before);
+    assert_eq!(a.counter_or_zero(appended).await, before);
 
     redis.thaw();
     on_all(
@@ -480,7 +480,7 @@ async fn a_rebuild_asked_of_a_follower_runs_on_the_builder_and_alone_runs_locall
     let b = TestProxy::spawn(&cfg("b")).await;
     ready(&b, Duration::from_secs(60)).await;
     let loads = "bloomgate_filter_loads_total{filter=\"products\",result=\"ok\"}";
-    let builds = async |p: &TestProxy| p.metric_or_absent(loads).await.unwrap_or(0.0);
+    let builds = async |p: &TestProxy| p.counter_or_zero(loads).await;
     assert_eq!((builds(&a).await, builds(&b).await), (1.0, 0.0));
     let generation = fleet_filter(&b).await["serving"]["generation"].as_u64();
 
@@ -630,11 +630,10 @@ async fn planted_and_refused(
     like: &std::collections::HashMap<String, String>,
 ) -> serde_json::Value {
     let refused = async |p: &TestProxy| {
-        p.metric_or_absent(
+        p.counter_or_zero(
             "bloomgate_fleet_generations_total{filter=\"products\",result=\"refused\"}",
         )
         .await
-        .unwrap_or(0.0)
     };
     let before = refused(follower).await;
     plant(conn, "bad", g, bytes, like).await;

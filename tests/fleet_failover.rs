@@ -18,8 +18,8 @@ use http::Method;
 use serde_json::Value;
 use support::binary::Bloomgate;
 use support::{
-    HttpClient, SYNC_QUERY, TestConfig, TestDb, TestRedis, TestRoute, concurrently, mysql_url,
-    redis_server, series_value,
+    HttpClient, SYNC_QUERY, TestConfig, TestDb, TestRedis, TestRoute, assert_exported_family,
+    concurrently, mysql_url, redis_server, series_value,
 };
 use tokio::sync::watch;
 
@@ -92,6 +92,7 @@ impl Node {
 
     /// A label-less counter (0 until it is first counted).
     async fn counter(&self, client: &HttpClient, series: &str) -> f64 {
+        assert_exported_family(series);
         let text = self.admin_get(client, "/metrics").await.text();
         series_value(&text, series).unwrap_or(0.0)
     }

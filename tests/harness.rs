@@ -315,3 +315,16 @@ async fn a_test_database_and_its_user_are_dropped_with_their_handle() {
     drop(open);
     drop(proxy);
 }
+
+#[test]
+fn a_counter_read_as_zero_must_be_a_metric_bloomgate_exports() {
+    support::assert_exported_family("bloomgate_filter_sync_polls_total{filter=\"products\"}");
+    support::assert_exported_family("bloomgate_origin_calls_total");
+    let misspelled = std::panic::catch_unwind(|| {
+        support::assert_exported_family("bloomgate_filter_sync_pols_total{filter=\"products\"}")
+    });
+    assert!(misspelled.is_err(), "a misspelled family was accepted");
+    let prefix_only =
+        std::panic::catch_unwind(|| support::assert_exported_family("bloomgate_filter_sync_polls"));
+    assert!(prefix_only.is_err(), "a prefix of a family was accepted");
+}

@@ -93,18 +93,16 @@ async fn held_layout(
 /// Whether `proxy` refuses `absent` with an answer from the copy in Redis (counted).
 async fn checks_redis(proxy: &TestProxy, absent: u64) -> bool {
     let before = proxy
-        .metric_or_absent(
+        .counter_or_zero(
             "bloomgate_filter_redis_checks_total{answer=\"absent\",filter=\"products\"}",
         )
-        .await
-        .unwrap_or(0.0);
+        .await;
     let r = proxy.get(&format!("/api/products/{absent}")).await;
     let after = proxy
-        .metric_or_absent(
+        .counter_or_zero(
             "bloomgate_filter_redis_checks_total{answer=\"absent\",filter=\"products\"}",
         )
-        .await
-        .unwrap_or(0.0);
+        .await;
     r.status.as_u16() == 404 && r.stage() == "intercepted" && after > before
 }
 
@@ -259,11 +257,10 @@ async fn a_fleet_gates_with_the_copy_in_redis_which_holds_every_key() {
         .expect("add");
     for p in [&a, &b] {
         let maybe_before = p
-            .metric_or_absent(
+            .counter_or_zero(
                 "bloomgate_filter_redis_checks_total{answer=\"maybe\",filter=\"products\"}",
             )
-            .await
-            .unwrap_or(0.0);
+            .await;
         let r = p.get(&format!("/api/products/{outside}")).await;
         assert_eq!(r.status.as_u16(), 404);
         assert_ne!(
@@ -513,7 +510,7 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
     // Every present key, through the proxy: Redis is asked about each one, and none
     // is refused.
     let maybe = "bloomgate_filter_redis_checks_total{answer=\"maybe\",filter=\"products\"}";
-    let maybe_before = b.metric_or_absent(maybe).await.unwrap_or(0.0);
+    let maybe_before = b.counter_or_zero(maybe).await;
     let present: Vec<u64> = (0..rows).map(demo_sku).collect();
     let refused: Vec<_> = ask_all(&b, present)
         .await
@@ -587,7 +584,7 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
     })
     .await;
     let fail_open = "bloomgate_requests_total{outcome=\"fail_open\",route=\"products\"}";
-    let opened_before = b.metric_or_absent(fail_open).await.unwrap_or(0.0);
+    let opened_before = b.counter_or_zero(fail_open).await;
     let r = b.get(&format!("/api/products/{refused_absent}")).await;
     assert_eq!((r.status.as_u16(), r.stage()), (404, "fail-open"));
     assert!(b.metric(fail_open).await > opened_before);
@@ -659,11 +656,11 @@ async fn a_redis_that_may_evict_is_not_asked_until_its_policy_is_noeviction_agai
         assert_eq!(s["redis"]["checked"], false, "{s}");
         assert_eq!(s["redis"]["noeviction"], false, "{s}");
     }
-    let none_before = a.metric_or_absent(none).await.unwrap_or(0.0);
+    let none_before = a.counter_or_zero(none).await;
     let r = a.get(&format!("/api/products/{absent}")).await;
     assert_eq!((r.status.as_u16(), r.stage()), (404, "intercepted"));
     assert!(a.metric(none).await > none_before);
-    assert_eq!(a.metric_or_absent(answered).await.unwrap_or(0.0), 0.0);
+    assert_eq!(a.counter_or_zero(answered).await, 0.0);
     let r = b.get(&format!("/api/products/{absent}")).await;
     assert_eq!((r.status.as_u16(), r.stage()), (404, "fail-open"));
 

@@ -292,6 +292,7 @@ async fn cached_answers_follow_their_route_by_name_wherever_it_is_written() {
 /// Scrapes until the `products` filter has had `n` successful sync polls; fails after 30 s.
 async fn wait_for_polls(bin: &Bloomgate, n: f64) {
     let polls = "bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}";
+    support::assert_exported_family(polls);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while scrape(bin).await.get(polls).unwrap_or(0.0) < n {
         assert!(

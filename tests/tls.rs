@@ -296,12 +296,13 @@ fn certificate_files_that_cannot_be_used_are_refused_by_name() {
     )
     .expect("config");
     for command in ["check-config", "serve"] {
-        let out = Command::new(BIN)
-            .args([command, "--config"])
-            .arg(&config)
-            .env_remove("RUST_LOG")
-            .output()
-            .expect("run bloomgate");
+        let out = support::output_within(
+            Command::new(BIN)
+                .args([command, "--config"])
+                .arg(&config)
+                .env_remove("RUST_LOG"),
+            Duration::from_secs(60),
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
         assert!(

@@ -17,11 +17,16 @@ use super::*;
 
 const URL_VAR: &str = "BLOOMGATE_TEST_MYSQL_URL";
 
-/// A database of its own on the test server, plus a pool on it.
+/// A database of its own on the test server, plus a pool on it. Dropped at the end of
+/// the test that made it, passed or failed: [`TestDatabase::drop_database`] on the way
+/// out, and its `Drop` after a panic or an early `?`.
 struct TestDatabase {
     db: Db,
     server: Db,
     name: String,
+    /// The server URL, for a drop made outside the test's runtime.
+    base: String,
+    dropped: bool,
 }
 
 impl TestDatabase {
@@ -50,13 +55,47 @@ impl TestDatabase {
         };
         let url = format!("{}/{name}{query}", server_part.trim_end_matches('/'));
         let db = Db::connect_lazy(&url, &settings).expect("a valid test database URL");
-        Some(TestDatabase { db, server, name })
+        Some(TestDatabase {
+            db,
+            server,
+            name,
+            base,
+            dropped: false,
+        })
     }
 
-    async fn drop_database(self) {
+    async fn drop_database(mut self) {
         self.db.close().await;
         let _ = exec(&self.server, &format!("DROP DATABASE {}", self.name)).await;
         self.server.close().await;
+        self.dropped = true;
+    }
+}
+
+impl Drop for TestDatabase {
+    /// A test that failed never reached [`TestDatabase::drop_database`]: drop its database
+    /// on a runtime of its own (the test's may be gone, or be the one unwinding).
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let base = self.base.clone();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                if let Ok(server) = Db::connect_lazy(&base, &PoolSettings::default()) {
+                    let _ = exec(&server, &format!("DROP DATABASE IF EXISTS {name}")).await;
+                    server.close().await;
+                }
+            });
+        })
+        .join();
     }
 }
 

@@ -54,6 +54,16 @@ impl Bloomgate {
             }
         }
         cmd.envs(env.iter().copied());
+        // A plane whose address neither the config nor the caller gives would bind the
+        // defaults (0.0.0.0:8080, 127.0.0.1:9090) and collide with whatever holds them.
+        for (section, var) in [
+            ("server", "BLOOMGATE__SERVER__LISTEN"),
+            ("admin", "BLOOMGATE__ADMIN__LISTEN"),
+        ] {
+            if !sets_listen(config, section) && !env.iter().any(|(name, _)| *name == var) {
+                cmd.env(var, "127.0.0.1:0");
+            }
+        }
         let mut child = cmd.spawn().expect("start bloomgate");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, lines) = mpsc::unbounded_channel();
@@ -175,4 +185,22 @@ impl Drop for Bloomgate {
 /// The `message` of a JSON log line ("" when it has none).
 pub fn message(line: &Value) -> &str {
     line["fields"]["message"].as_str().unwrap_or("")
+}
+
+/// Whether the `[section]` table of a TOML config sets `listen`.
+fn sets_listen(config: &str, section: &str) -> bool {
+    let header = format!("[{section}]");
+    let mut inside = false;
+    for line in config.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == header;
+        } else if inside
+            && line
+                .strip_prefix("listen")
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        {
+            return true;
+        }
+    }
+    false
 }

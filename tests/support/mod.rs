@@ -596,6 +596,16 @@ impl TestProxy {
         series_value(&self.admin_get("/metrics").await.text(), series)
     }
 
+    /// The value of a counter series in `/metrics`, 0 while it has not been counted yet
+    /// (a labelled series appears at its first count). Its family must be one that
+    /// bloomgate exports (documented in docs/monitoring.md, which tests/docs.rs holds
+    /// equal to the registry), so a renamed or misspelled metric fails instead of
+    /// reading 0.
+    pub async fn counter_or_zero(&self, series: &str) -> f64 {
+        assert_exported_family(series);
+        self.metric_or_absent(series).await.unwrap_or(0.0)
+    }
+
     /// GET on the data plane with request headers.
     pub async fn get_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> Reply {
         self.client
@@ -612,6 +622,22 @@ impl TestProxy {
     pub fn client(&self) -> &HttpClient {
         &self.client
     }
+}
+
+/// Fails unless the family of `series` (its name before any `{`) is one bloomgate
+/// exports: a row of docs/monitoring.md's metric tables.
+pub fn assert_exported_family(series: &str) {
+    const MONITORING: &str = include_str!("../../docs/monitoring.md");
+    let family = series.split('{').next().unwrap_or(series);
+    let documented = MONITORING.lines().any(|line| {
+        line.strip_prefix("| `")
+            .and_then(|rest| rest.split(['`', '{']).next())
+            .is_some_and(|name| name == family)
+    });
+    assert!(
+        documented,
+        "{family} is not a metric bloomgate exports (no row in docs/monitoring.md)"
+    );
 }
 
 /// The value of `series` (name and labels exactly as exported) in Prometheus text, or
@@ -1194,4 +1220,55 @@ pub fn raw_status(answer: &str) -> u16 {
         .and_then(|rest| rest.get(..3))
         .and_then(|code| code.parse().ok())
         .unwrap_or(0)
+}
+
+/// Runs `cmd` to its end and returns what it printed, as `Command::output` does, but
+/// kills it and fails the test if it has not ended within `limit` (a command that should
+/// exit at once must not hang the suite when it wrongly goes on serving).
+pub fn output_within(cmd: &mut std::process::Command, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the command");
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the command") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
 }
