@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::CONNECTION;
-use http::{HeaderValue, Request, Response, Version};
+use http::header::{CONNECTION, CONTENT_TYPE};
+use http::{HeaderValue, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -35,7 +35,6 @@ pub use metrics::ConnectionMetrics;
 pub use per_core::{ServingRuntimes, bind_reuseport, serve_per_core};
 pub use tls::Tls;
 
-use crate::pipeline::error::ProxyError;
 use metrics::HandshakeFailure;
 use sniff::Spoken;
 
@@ -599,6 +598,22 @@ fn http2_builder(options: &ServeOptions) -> hyper::server::conn::http2::Builder<
     builder
 }
 
+/// A request target (path and query) longer than `server.max_uri_bytes`: answered 414
+/// by the server itself, before any handler sees the request.
+#[derive(Debug, thiserror::Error)]
+#[error("the request target is {len} bytes long; at most {limit} are accepted")]
+struct UriTooLong {
+    /// Length of the path and query received.
+    len: usize,
+    /// The configured limit.
+    limit: usize,
+}
+
+impl UriTooLong {
+    /// The error code of its JSON body, as every data-plane refusal carries one.
+    const CODE: &'static str = "uri_too_long";
+}
+
 /// The 414 for a request whose target (path and query) is longer than `limit`, or
 /// `None` when it fits. An HTTP/1.1 connection is closed after the answer; HTTP/2 has no
 /// connection header, and only the stream ends.
@@ -611,9 +626,13 @@ fn refuse_long_target<B>(
     if len <= limit {
         return None;
     }
-    let error = ProxyError::UriTooLong { len, limit };
-    error.log(listener);
-    let mut resp = error.into_response().map(Either::Left);
+    let error = UriTooLong { len, limit };
+    tracing::debug!(route = listener, code = UriTooLong::CODE, error = %error, "request refused");
+    let body = serde_json::json!({ "error": UriTooLong::CODE, "message": error.to_string() });
+    let mut resp = Response::new(Either::Left(Full::new(Bytes::from(body.to_string()))));
+    *resp.status_mut() = StatusCode::URI_TOO_LONG;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if req.version() < Version::HTTP_2 {
         resp.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));

@@ -43,14 +43,6 @@ pub enum ProxyError {
     /// malformed chunk, a body cut short): 400. The upstream is not to blame.
     #[error("the request body is malformed or incomplete")]
     BadRequestBody(#[source] UpstreamError),
-    /// The request target (path and query) is longer than `server.max_uri_bytes`: 414.
-    #[error("the request target is {len} bytes long; at most {limit} are accepted")]
-    UriTooLong {
-        /// Length of the path and query received.
-        len: usize,
-        /// The configured limit.
-        limit: usize,
-    },
     /// The origin did not answer in time: 504.
     #[error("origin timed out: {0}")]
     Timeout(#[source] Failure),
@@ -102,7 +94,6 @@ impl ProxyError {
             | ProxyError::BadRequestBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BudgetExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             ProxyError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Unavailable(_)
             | ProxyError::CircuitOpen { .. }
@@ -121,7 +112,6 @@ impl ProxyError {
             ProxyError::BodyTooLarge => "body_too_large",
             ProxyError::BudgetExhausted { .. } => "budget_exhausted",
             ProxyError::BadRequestBody(_) => "bad_request_body",
-            ProxyError::UriTooLong { .. } => "uri_too_long",
             ProxyError::Timeout(_) => "origin_timeout",
             ProxyError::Unavailable(_) => "origin_unavailable",
             ProxyError::CircuitOpen { .. } => "origin_circuit_open",
@@ -150,8 +140,7 @@ impl ProxyError {
             | ProxyError::BadPath(_)
             | ProxyError::NonCanonicalPath
             | ProxyError::BudgetExhausted { .. }
-            | ProxyError::BadRequestBody(_)
-            | ProxyError::UriTooLong { .. } => self.to_string(),
+            | ProxyError::BadRequestBody(_) => self.to_string(),
             _ => self
                 .status()
                 .canonical_reason()
