@@ -129,6 +129,6 @@ fn resume_point(start: Watermark, f: &FilterConfig) -> Watermark {
 /// Prints a snapshot's header and statistics after verifying it.
 pub fn inspect(path: &Path) -> anyhow::Result<()> {
     let summary = snapshot::inspect(path)?;
-    println!("{summary}");
+    println!("{}", super::inspect::Report(&summary));
     Ok(())
 }

@@ -6,4 +6,5 @@ pub mod args;
 pub mod demo;
 pub mod filter;
 pub mod init;
+pub mod inspect;
 pub mod man;

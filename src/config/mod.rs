@@ -6,8 +6,12 @@
 mod audit;
 mod compile;
 mod env;
+mod filters;
+mod fleet;
 pub mod model;
 mod origins;
+mod routes;
+mod server;
 mod validate;
 
 use std::path::Path;

@@ -46,13 +46,11 @@
 //! fields are checked before the checksum because the checksum can only be found once
 //! the header says how long the file is.
 
-use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use indicatif::HumanBytes;
 use tempfile::NamedTempFile;
 
 use super::{BLOCK_BITS, BloomFilter, BloomParams, FilterError, MAX_BITS};
@@ -147,9 +145,8 @@ pub enum SnapshotError {
     Layout(FilterError),
 }
 
-/// A verified snapshot described for an operator: the output of
-/// `bloomgate filter inspect PATH`, through its `Display` impl. The seed is left out on
-/// purpose (see the module docs).
+/// A verified snapshot's header and statistics, as `bloomgate filter inspect PATH`
+/// prints them. The seed is left out on purpose (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotSummary {
     /// The file described.
@@ -316,77 +313,6 @@ pub fn inspect(path: &Path) -> Result<SnapshotSummary, SnapshotError> {
         created_at: snapshot.created_at,
         age: SystemTime::now().duration_since(snapshot.created_at).ok(),
     })
-}
-
-impl fmt::Display for SnapshotSummary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let p = &self.params;
-        writeln!(f, "snapshot       {}", self.path.display())?;
-        writeln!(
-            f,
-            "file           {} bytes ({}), format version {}",
-            self.file_bytes,
-            HumanBytes(self.file_bytes),
-            self.version
-        )?;
-        writeln!(
-            f,
-            "sized for      {} keys at a false-positive rate of {}",
-            p.expected_items, p.false_positive_rate
-        )?;
-        writeln!(
-            f,
-            "bit array      {} bits ({}), {} hashes per key",
-            p.bits,
-            HumanBytes(p.bits / 8),
-            p.hashes
-        )?;
-        let share = self.items as f64 / p.expected_items.max(1) as f64;
-        writeln!(
-            f,
-            "items          {} ({:.1}% of capacity)",
-            self.items,
-            share * 100.0
-        )?;
-        writeln!(
-            f,
-            "fill ratio     {:.4} (estimated false-positive rate {})",
-            self.fill_ratio,
-            rate(self.estimated_fpp)
-        )?;
-        match self.watermark {
-            Some(w @ Watermark::Int(_)) => writeln!(f, "watermark      integer {w}")?,
-            Some(w @ Watermark::TimeMicros(_)) => writeln!(f, "watermark      timestamp {w}")?,
-            None => writeln!(f, "watermark      none (written without incremental sync)")?,
-        }
-        let secs = self
-            .created_at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let when = i64::try_from(secs)
-            .ok()
-            .and_then(|s| chrono::DateTime::<chrono::Utc>::from_timestamp(s, 0))
-            .map_or_else(
-                || format!("{secs} s after the epoch"),
-                |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            );
-        match self.age {
-            Some(age) => {
-                let age = humantime::format_duration(Duration::from_secs(age.as_secs()));
-                write!(f, "created        {when} ({age} ago)")
-            }
-            None => write!(f, "created        {when} (ahead of this host's clock)"),
-        }
-    }
-}
-
-/// A rate readable at any size: fixed-point down to 0.001, scientific below.
-fn rate(x: f64) -> String {
-    if x == 0.0 || x >= 1e-3 {
-        format!("{x:.4}")
-    } else {
-        format!("{x:.2e}")
-    }
 }
 
 /// The header fields, as in the table of the module docs.
