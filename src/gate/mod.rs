@@ -9,35 +9,41 @@
 //! source returns (a lagging replica, a key the source does not hold). Each admission
 //! also moves a counter of its key's stripe, which the origin lookup reads before it
 //! asks and checks after it stored a negative entry ([`Fence`]).
+//!
+//! This file holds the `Filter` itself: its construction, configuration, verdict and
+//! capacity tracking. Beside it: `status` (the last load's status and readiness, as the
+//! admin API and the metrics read them), `fence` (a key admitted into the filter, and
+//! the fences of the origin lookups) and `position` (where sync stands: watermark, gaps,
+//! last poll).
 
 mod admissions;
 pub mod admit;
 mod build;
+mod fence;
 pub mod held;
 pub mod membership;
 pub mod metrics;
+mod position;
 pub mod redis_held;
+mod status;
 pub mod sync;
 
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use arc_swap::ArcSwapOption;
-use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
 pub use build::{LoadError, fill, fits_config, secret_seed, start_watermark};
+pub use fence::{AdmissionMark, Fence};
+pub use status::{LoadOrigin, LoadResult, LoadStatus, RebuildReason};
 
 use crate::config::{FilterConfig, Normalize};
-use crate::filter::FilterStats;
 use crate::gate::metrics::FilterMetrics;
-use crate::gate::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
-use crate::key::{KeyBytes, NormKey};
-use crate::watermark::Watermark;
 use admissions::Admissions;
+use fence::FENCE_STRIPES;
 use membership::{Membership, Probe};
+use position::SyncPosition;
 
 /// What the gate says about a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,88 +54,6 @@ pub enum Verdict {
     MaybePresent,
     /// No filter is loaded yet: fail open (go on, and count it).
     Unavailable,
-}
-
-/// The result of the last load or rebuild, for `/admin/filters`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct LoadStatus {
-    /// How the last attempt ended.
-    pub result: LoadResult,
-    /// How the live filter was obtained.
-    pub origin: Option<LoadOrigin>,
-    /// Why the last build ran.
-    pub reason: Option<RebuildReason>,
-    /// Unix seconds when the last attempt finished.
-    pub finished_at: Option<f64>,
-    /// Duration of the last attempt.
-    pub duration_ms: Option<u64>,
-    /// Source rows read by the last successful build.
-    pub rows: Option<u64>,
-    /// Rows whose key failed normalisation in the last successful build.
-    pub skipped: Option<u64>,
-    /// Message of the last failure, if the last attempt failed.
-    pub error: Option<String>,
-    /// Failed attempts since the last success.
-    pub consecutive_failures: u32,
-    /// Whether a build is running now.
-    pub loading: bool,
-}
-
-/// How the last load or rebuild ended; `"ok"`, `"error"` or `"never"` in the admin API.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LoadResult {
-    /// No attempt has finished yet.
-    #[default]
-    Never,
-    /// The filter was loaded.
-    Ok,
-    /// The attempt failed (see [`LoadStatus::error`]).
-    Error,
-}
-
-/// Where the live filter came from; `"source"` or `"snapshot"` in the admin API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LoadOrigin {
-    /// A full build from the source query.
-    Source,
-    /// The snapshot file, at start-up.
-    Snapshot,
-    /// A generation published by the fleet's builder.
-    Fleet,
-}
-
-/// Why a rebuild was asked for; serialised as [`RebuildReason::as_str`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RebuildReason {
-    /// The first build at start-up.
-    Startup,
-    /// `POST /admin/filters/{name}/rebuild`.
-    Requested,
-    /// `rebuild_interval` elapsed.
-    Scheduled,
-    /// Items exceeded capacity.
-    Capacity,
-    /// The fleet's builder published a generation.
-    Published,
-    /// A configuration reload changed the filter's sizing.
-    Reload,
-}
-
-impl RebuildReason {
-    /// Label for logs and the admin API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RebuildReason::Startup => "startup",
-            RebuildReason::Requested => "requested",
-            RebuildReason::Scheduled => "scheduled",
-            RebuildReason::Capacity => "capacity",
-            RebuildReason::Published => "published",
-            RebuildReason::Reload => "reload",
-        }
-    }
 }
 
 /// The steps of a full build, in order, as a build hook sees them.
@@ -306,129 +230,11 @@ impl Filter {
         self.live.load_full()
     }
 
-    /// True once a filter is loaded here, or (for a filter held in Redis) once a
-    /// generation in Redis was adopted. It stays true whatever happens to Redis after
-    /// (requests that cannot be gated fail open, counted, as on any instance): an outage
-    /// or a restart of Redis does not take every instance out of its load balancer.
-    pub fn is_ready(&self) -> bool {
-        self.has_local_copy() || self.held.get().is_some_and(|h| h.adopted_any())
-    }
-
-    /// True once this instance holds a copy of its own (built, loaded or restored).
-    pub fn has_local_copy(&self) -> bool {
-        self.live.load().is_some()
-    }
-
     /// False for a filter held in Redis with `redis.local_copy = false`: only the
     /// instance that builds it holds a copy.
     pub fn wants_local_copy(&self) -> bool {
         let config = self.config.borrow();
         config.backend == crate::config::Backend::Local || config.redis.local_copy
-    }
-
-    /// Stops holding a copy (an instance that does not build a filter held in Redis
-    /// alone): drops the live filter, and the admissions kept for a build or load to
-    /// replay (nothing would replay them). Cheap when there is neither to drop.
-    pub fn release_copy(&self) {
-        if !self.keeps_admissions.load(Ordering::Acquire) && self.live.load().is_none() {
-            return;
-        }
-        {
-            let mut admissions = lock(&self.admissions);
-            self.keeps_admissions.store(false, Ordering::Release);
-            admissions.forget_all();
-            self.metrics.set_unconfirmed(0);
-            if self.live.swap(None).is_some() {
-                tracing::info!(filter = %self.name, "dropped this instance's copy of the filter; the copy in Redis answers");
-            }
-        }
-        self.metrics.clear_stats();
-        self.publish_metrics();
-    }
-
-    /// Keeps admissions for a build or load to replay again (see `keeps_admissions`):
-    /// this instance is about to hold a copy.
-    pub fn keep_admissions(&self) {
-        let _admissions = lock(&self.admissions);
-        self.keeps_admissions.store(true, Ordering::Release);
-    }
-
-    /// Admits a key: it is present from now on. Adds it to the live filter, keeps it
-    /// until a build's source lists it (so the next swap cannot lose it), and moves its
-    /// fence stripe. Returns false if no filter is loaded yet; the key is then added when
-    /// the first one is. (A filter held in Redis alone has no filter of its own to wait
-    /// for: true.) Callers drop the key's negative cache entries afterwards (the
-    /// order the fence relies on: filter, stripe, cache).
-    pub fn add_key(&self, key: &NormKey<'_>) -> bool {
-        let mut bytes = KeyBytes::new();
-        let bytes = bytes.of(key);
-        let added = {
-            let mut admissions = lock(&self.admissions);
-            if self.keeps_admissions.load(Ordering::Acquire) {
-                admissions.record(bytes);
-                self.metrics.set_unconfirmed(admissions.len());
-            }
-            match self.live.load().as_deref() {
-                Some(f) => {
-                    f.insert(bytes);
-                    true
-                }
-                None => false,
-            }
-        };
-        self.stripe(bytes).fetch_add(1, Ordering::SeqCst);
-        if let Some(held) = self.held.get() {
-            held.admit(bytes);
-        }
-        if added {
-            self.watch_capacity();
-        }
-        // Held in Redis alone: the key is in the copy that answers (or this instance
-        // answers for it until it is), with no copy of its own to wait for.
-        added || self.held.get().is_some_and(|h| !h.local_copy())
-    }
-
-    /// A fence for a negative entry of `key`: taken before the origin is asked, it tells
-    /// afterwards whether the key was admitted in between (so a "not found" read just
-    /// before the key's row was committed is not kept).
-    pub fn fence(&self, key: &NormKey<'_>) -> Fence<'_> {
-        let mut bytes = KeyBytes::new();
-        let cell = self.stripe(bytes.of(key));
-        Fence {
-            cell,
-            seen: cell.load(Ordering::SeqCst),
-        }
-    }
-
-    /// Where `key`'s fence stripe stands now, kept by value: [`Filter::admitted_since`]
-    /// tells later whether a key of that stripe was admitted in between.
-    pub fn admission_mark(&self, key: &NormKey<'_>) -> AdmissionMark {
-        let mut bytes = KeyBytes::new();
-        let stripe = self.stripe_index(bytes.of(key));
-        AdmissionMark {
-            stripe,
-            seen: self.stripes[stripe].load(Ordering::SeqCst),
-        }
-    }
-
-    /// True if a key of `mark`'s stripe (taken on this filter) was admitted since.
-    pub fn admitted_since(&self, mark: &AdmissionMark) -> bool {
-        self.stripes
-            .get(mark.stripe)
-            .is_some_and(|c| c.load(Ordering::SeqCst) != mark.seen)
-    }
-
-    fn stripe(&self, bytes: &[u8]) -> &AtomicU64 {
-        &self.stripes[self.stripe_index(bytes)]
-    }
-
-    fn stripe_index(&self, bytes: &[u8]) -> usize {
-        self.stripe_hasher.hash_one(bytes) as usize & (FENCE_STRIPES - 1)
-    }
-
-    /// How many admitted keys no build has confirmed yet.
-    pub fn unconfirmed_keys(&self) -> usize {
-        lock(&self.admissions).len()
     }
 
     /// Logs once per crossing of the warning threshold, and asks for a larger rebuild
@@ -465,147 +271,6 @@ impl Filter {
     pub fn request_rebuild(&self, reason: RebuildReason) {
         *lock(&self.rebuild_reason) = reason;
         self.rebuild.notify_one();
-    }
-
-    /// Statistics of the live filter.
-    pub fn stats(&self) -> Option<FilterStats> {
-        self.live.load().as_deref().map(Membership::stats)
-    }
-
-    /// The current sync watermark: the largest value sync or a build has reached.
-    pub fn watermark(&self) -> Option<Watermark> {
-        lock(&self.watermark).mark
-    }
-
-    /// Moves the sync watermark forward (never back).
-    pub fn advance_watermark(&self, to: Watermark) {
-        lock(&self.watermark).advance(to);
-    }
-
-    /// Where a poll computed from `mark` starts: for integer watermarks, the lowest open
-    /// gap if that is lower (the query's `>=` reads it again).
-    pub fn sync_poll_start(&self, mark: Watermark) -> Watermark {
-        let p = lock(&self.watermark);
-        match mark {
-            Watermark::Int(id) => Watermark::Int(p.gaps.resume_from(id)),
-            other => other,
-        }
-    }
-
-    /// What a snapshot of a build that started at `mark` records: for integer
-    /// watermarks, a mark below the `overlap_ids` window and below the lowest open gap,
-    /// so a restart from it reads them again and finds the ids still missing.
-    pub fn sync_restart_mark(&self, mark: Watermark) -> Watermark {
-        let p = lock(&self.watermark);
-        match mark {
-            Watermark::Int(id) => Watermark::Int(p.gaps.snapshot_mark(id)),
-            other => other,
-        }
-    }
-
-    /// Records a successful sync poll whose query was sent at `started`, once its rows
-    /// are admitted: what sync can see of rows committed before then is in the filter.
-    pub fn record_sync_poll(&self, started: Instant) {
-        let mut p = lock(&self.watermark);
-        p.synced_from = p.synced_from.max(Some(started));
-    }
-
-    /// Whether a sync poll on this instance that started at or after `at` has succeeded.
-    /// (The watermark cannot tell: it moves only when rows change.)
-    pub fn synced_since(&self, at: Instant) -> bool {
-        lock(&self.watermark).synced_from.is_some_and(|s| s >= at)
-    }
-
-    /// Open gap ranges, for `/admin/filters`; `None` unless sync uses integer watermarks.
-    pub fn sync_open_gaps(&self) -> Option<usize> {
-        let p = lock(&self.watermark);
-        matches!(p.mark, Some(Watermark::Int(_))).then(|| p.gaps.len())
-    }
-
-    /// A full build read the source from `start`: moves the watermark there if that is
-    /// ahead, and then (integer watermarks) opens the `overlap_ids` ids below it as gaps,
-    /// for rows whose transactions were still open while the build scanned. When sync is
-    /// already past `start`, nothing changes.
-    pub fn start_sync_at(&self, start: Watermark) {
-        let mut p = lock(&self.watermark);
-        if p.advance(start) {
-            if let Watermark::Int(id) = start {
-                p.gaps.open_below(id, Instant::now());
-            }
-            self.metrics.set_sync_open_gaps(p.gaps.len());
-        }
-    }
-
-    /// Applies the ids an integer-watermark poll read (any order; sorted here): closes
-    /// the gaps they fill, opens gaps for the ids between `prev` (the watermark the poll
-    /// was computed from) and the largest id read that it skipped, expires old gaps,
-    /// and moves the watermark to the largest id. `started` is when its query was sent.
-    pub fn record_poll_ids(&self, prev: i64, ids: &mut Vec<i64>, started: Instant) -> PollGaps {
-        ids.sort_unstable();
-        ids.dedup();
-        let mut p = lock(&self.watermark);
-        let report = p.gaps.record_poll(prev, ids, started, Instant::now());
-        if let Some(&newest) = ids.last() {
-            p.advance(Watermark::Int(newest));
-        }
-        self.metrics.set_sync_open_gaps(p.gaps.len());
-        report
-    }
-
-    /// Refreshes the filter gauges (called at scrape time and after changes).
-    pub fn publish_metrics(&self) {
-        if let Some(s) = self.stats() {
-            self.metrics.set_stats(&s);
-        }
-        self.metrics.set_ready(self.is_ready());
-    }
-
-    /// Metric handles of this filter.
-    pub fn metrics(&self) -> &FilterMetrics {
-        &self.metrics
-    }
-
-    /// A copy of the last load's status.
-    pub fn load_status(&self) -> LoadStatus {
-        lock(&self.status).clone()
-    }
-
-    fn update_status(&self, f: impl FnOnce(&mut LoadStatus)) {
-        f(&mut lock(&self.status));
-    }
-}
-
-/// The sync watermark and the gaps below it, behind one lock so that a poll's update and
-/// a build's swap never interleave.
-struct SyncPosition {
-    /// The largest watermark applied; `None` before the first build or without sync.
-    mark: Option<Watermark>,
-    /// Ids below `mark` that no poll has read yet (integer watermarks only).
-    gaps: Gaps,
-    /// When the latest successful poll on this instance started.
-    synced_from: Option<Instant>,
-}
-
-impl SyncPosition {
-    fn new(config: &FilterConfig) -> SyncPosition {
-        let gaps = match &config.sync {
-            Some(s) => Gaps::new(s.gap_timeout, s.overlap_ids, MAX_OPEN_RANGES),
-            None => Gaps::new(std::time::Duration::ZERO, 0, MAX_OPEN_RANGES),
-        };
-        SyncPosition {
-            mark: None,
-            gaps,
-            synced_from: None,
-        }
-    }
-
-    /// Moves the mark forward; true if it moved.
-    fn advance(&mut self, to: Watermark) -> bool {
-        let ahead = self.mark.is_none_or(|cur| to > cur);
-        if ahead {
-            self.mark = Some(to);
-        }
-        ahead
     }
 }
 
@@ -648,77 +313,7 @@ impl Reconfigure {
     }
 }
 
-/// Stripes of admission counters per gate (a power of two). Two keys share a stripe with
-/// probability 1/1024, and then an admission of one only costs the other a negative
-/// entry that is not kept.
-const FENCE_STRIPES: usize = 1024;
-
-/// Proof that no key of a stripe was admitted since it was taken; see [`Filter::fence`].
-pub struct Fence<'g> {
-    cell: &'g AtomicU64,
-    seen: u64,
-}
-
-impl Fence<'_> {
-    /// True while no key of this stripe has been admitted since the fence was taken.
-    pub fn holds(&self) -> bool {
-        self.cell.load(Ordering::SeqCst) == self.seen
-    }
-}
-
-/// A key's fence stripe at one moment, by value; see [`Filter::admission_mark`].
-#[derive(Debug, Clone, Copy)]
-pub struct AdmissionMark {
-    stripe: usize,
-    seen: u64,
-}
-
 /// Locks a mutex whose data stays valid even if a holder panicked.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::{Value, json};
-
-    use super::*;
-
-    #[test]
-    fn load_status_keeps_the_admin_api_strings() {
-        let never = serde_json::to_value(LoadStatus::default()).expect("serialise");
-        assert_eq!(never["result"], "never");
-        assert_eq!(never["origin"], Value::Null);
-        assert_eq!(never["reason"], Value::Null);
-
-        let loaded = serde_json::to_value(LoadStatus {
-            result: LoadResult::Ok,
-            origin: Some(LoadOrigin::Snapshot),
-            reason: Some(RebuildReason::Startup),
-            ..LoadStatus::default()
-        })
-        .expect("serialise");
-        assert_eq!(loaded["result"], "ok");
-        assert_eq!(loaded["origin"], "snapshot");
-        assert_eq!(loaded["reason"], "startup");
-        assert_eq!(
-            serde_json::to_value(LoadResult::Error).expect("serialise"),
-            "error"
-        );
-        assert_eq!(
-            serde_json::to_value(LoadOrigin::Source).expect("serialise"),
-            "source"
-        );
-        for reason in [
-            RebuildReason::Startup,
-            RebuildReason::Requested,
-            RebuildReason::Scheduled,
-            RebuildReason::Capacity,
-        ] {
-            assert_eq!(
-                serde_json::to_value(reason).expect("serialise"),
-                json!(reason.as_str())
-            );
-        }
-    }
 }
