@@ -7,36 +7,35 @@
 //! in-flight requests finish within a grace period; HTTP/2 clients get a GOAWAY). Each
 //! request reaches the handler the same whatever the protocol and thread, with a
 //! [`ConnectionInfo`] in its extensions. It knows nothing about what the handler does.
+//!
+//! This file holds the accept loop, the bound on open connections and draining at
+//! shutdown; `connection` serves one accepted connection, `long_target` is the 414 the
+//! server makes itself, `per_core` the thread-per-core serving, `sniff` the cleartext
+//! protocol detection, `tls` the TLS acceptor, `metrics` the connection counts.
 
+mod connection;
+mod long_target;
 pub mod metrics;
 mod per_core;
 mod sniff;
 pub mod tls;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE};
-use http::{HeaderValue, Request, Response, StatusCode, Version};
+use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulConnection;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
 
 pub use metrics::ConnectionMetrics;
 pub use per_core::{ServingRuntimes, bind_reuseport, serve_per_core};
 pub use tls::Tls;
 
-use metrics::HandshakeFailure;
-use sniff::Spoken;
+use connection::Listener;
 
 /// Something that answers requests.
 pub trait Handler: Send + Sync + 'static {
@@ -137,34 +136,6 @@ pub struct ConnectionInfo {
     pub tls: bool,
 }
 
-/// What a connection answers with: a refusal made here, or the handler's response.
-type ServedBody<B> = Either<Full<Bytes>, B>;
-
-/// What every connection of a listener shares.
-struct Listener<H> {
-    /// Shared by every listener of the plane (the pipeline and its state are one).
-    handler: Arc<H>,
-    options: ServeOptions,
-    transport: Transport,
-    http1: hyper::server::conn::http1::Builder,
-    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
-    name: &'static str,
-}
-
-// By hand: a derived `Clone` would ask `H: Clone`, where only the `Arc` is cloned.
-impl<H> Clone for Listener<H> {
-    fn clone(&self) -> Self {
-        Listener {
-            handler: Arc::clone(&self.handler),
-            options: self.options,
-            transport: self.transport.clone(),
-            http1: self.http1.clone(),
-            http2: self.http2.clone(),
-            name: self.name,
-        }
-    }
-}
-
 /// The bound on a plane's open connections, shared by all of its listeners: one
 /// permit a connection, taken at accept (one atomic operation per connection, none per
 /// request).
@@ -257,7 +228,7 @@ async fn accept_loop<H: Handler>(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(listener = name, error = %e, "cannot set TCP_NODELAY");
         }
-        tokio::spawn(connection(
+        tokio::spawn(connection::run(
             Arc::clone(&shared),
             stream,
             peer,
@@ -287,355 +258,4 @@ async fn accept_loop<H: Handler>(
             left
         }
     }
-}
-
-/// One connection, from TLS handshake or protocol detection to its end; it holds `slot`
-/// throughout.
-async fn connection<H: Handler>(
-    shared: Arc<Listener<H>>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    slot: (OwnedSemaphorePermit, OwnedSemaphorePermit),
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let _slot = slot;
-    let _open = shared
-        .transport
-        .metrics
-        .as_ref()
-        .map(ConnectionMetrics::open);
-    let options = shared.options;
-    let name = shared.name;
-    // The TLS and HTTP/2 paths are boxed: this future is the connection's task, kept for
-    // as long as the connection is open, and inlined they made a cleartext HTTP/1.1
-    // connection's task 10 KB (docs/BENCHMARKS.md).
-    if let Some(tls) = &shared.transport.tls {
-        let served = Box::pin(serve_tls(&shared, tls, stream, peer, shutdown));
-        served.await;
-        return;
-    }
-    if !options.http2 {
-        serve_http1(&shared, TokioIo::new(stream), peer, false, shutdown).await;
-        return;
-    }
-    let sniffed = tokio::select! {
-        done = tokio::time::timeout(options.header_read_timeout, sniff::sniff(stream)) => done,
-        _ = shutdown.wait_for(|stop| *stop) => return,
-    };
-    match sniffed {
-        Ok(Ok((Spoken::Http2, io))) => {
-            let served = Box::pin(serve_http2(
-                &shared,
-                TokioIo::new(io),
-                peer,
-                Protocol::H2c,
-                false,
-                shutdown,
-            ));
-            served.await;
-        }
-        Ok(Ok((Spoken::Http1, io))) => {
-            serve_http1(&shared, TokioIo::new(io), peer, false, shutdown).await;
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(listener = name, %peer, error = %e, "connection closed before a request");
-        }
-        Err(_) => {
-            tracing::debug!(listener = name, %peer, "no request within the header read timeout");
-        }
-    }
-}
-
-impl<H: Handler> Listener<H> {
-    fn new(
-        handler: Arc<H>,
-        options: ServeOptions,
-        transport: Transport,
-        name: &'static str,
-    ) -> Listener<H> {
-        Listener {
-            handler,
-            options,
-            http1: http1_builder(&options),
-            http2: http2_builder(&options),
-            transport,
-            name,
-        }
-    }
-
-    fn handshake_failed(&self, why: HandshakeFailure) {
-        if let Some(m) = &self.transport.metrics {
-            m.handshake_failed(why);
-        }
-    }
-
-    fn served(&self, info: ConnectionInfo) {
-        if let Some(m) = &self.transport.metrics {
-            m.served(info.protocol.as_str(), info.tls);
-        }
-    }
-}
-
-/// A TLS connection: the handshake (bounded by `header_read_timeout`), then HTTP/2 or
-/// HTTP/1.1 as ALPN chose.
-async fn serve_tls<H: Handler>(
-    shared: &Arc<Listener<H>>,
-    tls: &Tls,
-    stream: TcpStream,
-    peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let (options, name) = (shared.options, shared.name);
-    let handshake =
-        tokio::time::timeout(options.header_read_timeout, tls.acceptor().accept(stream));
-    let handshake = tokio::select! {
-        done = handshake => done,
-        _ = shutdown.wait_for(|stop| *stop) => return,
-    };
-    let stream = match handshake {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => {
-            // Scanners and old clients fail handshakes all day: debug, and counted.
-            shared.handshake_failed(HandshakeFailure::Error);
-            tracing::debug!(listener = name, %peer, error = %e, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            shared.handshake_failed(HandshakeFailure::Timeout);
-            tracing::debug!(listener = name, %peer, "TLS handshake timed out");
-            return;
-        }
-    };
-    let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
-    let io = TokioIo::new(stream);
-    if h2 && options.http2 {
-        serve_http2(shared, io, peer, Protocol::H2, true, shutdown).await;
-    } else {
-        serve_http1(shared, io, peer, true, shutdown).await;
-    }
-}
-
-async fn serve_http1<H, I>(
-    shared: &Arc<Listener<H>>,
-    io: I,
-    peer: SocketAddr,
-    tls: bool,
-    shutdown: watch::Receiver<bool>,
-) where
-    H: Handler,
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let info = ConnectionInfo {
-        protocol: Protocol::Http1,
-        tls,
-    };
-    shared.served(info);
-    let service = service(Arc::clone(shared), peer, info, None);
-    let conn = shared.http1.serve_connection(io, service);
-    // hyper closes an HTTP/1.1 connection idle past header_read_timeout itself.
-    drive(conn, shutdown, None, shared.name, peer).await;
-}
-
-async fn serve_http2<H, I>(
-    shared: &Arc<Listener<H>>,
-    io: I,
-    peer: SocketAddr,
-    protocol: Protocol,
-    tls: bool,
-    shutdown: watch::Receiver<bool>,
-) where
-    H: Handler,
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let info = ConnectionInfo { protocol, tls };
-    shared.served(info);
-    let (busy, idle) = watch::channel(0usize);
-    let service = service(Arc::clone(shared), peer, info, Some(Arc::new(busy)));
-    let conn = shared.http2.serve_connection(io, service);
-    let idle = Some((idle, shared.options.header_read_timeout));
-    drive(conn, shutdown, idle, shared.name, peer).await;
-}
-
-/// Runs `conn` to its end. When shutdown begins, or (`idle`) no request has been in
-/// flight for the given time, it is asked to finish gracefully: HTTP/1.1 closes after
-/// the response in progress, HTTP/2 sends GOAWAY and lets its open streams finish.
-async fn drive<C>(
-    conn: C,
-    mut shutdown: watch::Receiver<bool>,
-    idle: Option<(watch::Receiver<usize>, Duration)>,
-    name: &'static str,
-    peer: SocketAddr,
-) where
-    C: GracefulConnection<Error: std::fmt::Display>,
-{
-    tokio::pin!(conn);
-    let closing = async {
-        tokio::select! {
-            _ = shutdown.wait_for(|stop| *stop) => {}
-            _ = idle_for(idle) => {
-                tracing::debug!(listener = name, %peer, "idle connection: closing");
-            }
-        }
-    };
-    let ended = tokio::select! {
-        ended = conn.as_mut() => ended,
-        _ = closing => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = ended {
-        tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
-    }
-}
-
-/// Resolves once no request has been in flight for the given time; never without one.
-async fn idle_for(idle: Option<(watch::Receiver<usize>, Duration)>) {
-    let Some((mut in_flight, limit)) = idle else {
-        return std::future::pending().await;
-    };
-    loop {
-        let busy = *in_flight.borrow_and_update() > 0;
-        if busy {
-            if in_flight.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        } else if let Ok(changed) = tokio::time::timeout(limit, in_flight.changed()).await {
-            if changed.is_err() {
-                return std::future::pending().await;
-            }
-        } else {
-            return;
-        }
-    }
-}
-
-/// One request in flight on an HTTP/2 connection, for as long as this lives.
-struct InFlight(Arc<watch::Sender<usize>>);
-
-impl InFlight {
-    fn start(count: &Arc<watch::Sender<usize>>) -> InFlight {
-        count.send_modify(|n| *n += 1);
-        InFlight(Arc::clone(count))
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
-    }
-}
-
-/// The service of one connection: the target-length limit, then the handler, with
-/// `info` in the request's extensions. With `in_flight`, each request is counted there
-/// until its response head is ready.
-fn service<H: Handler>(
-    shared: Arc<Listener<H>>,
-    peer: SocketAddr,
-    info: ConnectionInfo,
-    in_flight: Option<Arc<watch::Sender<usize>>>,
-) -> impl hyper::service::Service<
-    Request<Incoming>,
-    Response = Response<ServedBody<H::Body>>,
-    Error = Infallible,
-    Future: Send + 'static,
-> + Send
-+ 'static {
-    service_fn(move |mut req: Request<Incoming>| {
-        let shared = Arc::clone(&shared);
-        let counted = in_flight.as_ref().map(InFlight::start);
-        async move {
-            let _counted = counted;
-            // Short-circuit: an over-long target never reaches routing.
-            if let Some(refused) =
-                refuse_long_target(&req, shared.options.max_uri_bytes, shared.name)
-            {
-                return Ok::<_, Infallible>(refused);
-            }
-            req.extensions_mut().insert(info);
-            Ok(shared.handler.call(req, peer).await.map(Either::Right))
-        }
-    })
-}
-
-/// The HTTP/1.1 settings every connection of a listener shares.
-fn http1_builder(options: &ServeOptions) -> hyper::server::conn::http1::Builder {
-    // hyper's minimum buffer; config validation refuses less, this guards other callers.
-    let head_limit = options.max_header_bytes.max(8192);
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(options.header_read_timeout)
-        .keep_alive(true)
-        // A client may send its request and shut down its write side (FIN) while it
-        // waits: keep the connection until the answer is written.
-        .half_close(true)
-        // The head is refused with 431 once it is larger than this, counted exactly
-        // (request line, header lines, blank line), before anything is handed over...
-        .max_header_size(head_limit)
-        // ...and no more than this is ever buffered while reading it.
-        .max_buf_size(head_limit)
-        // One buffer and one write(2) per answer instead of writev(2) over head and
-        // body: the answers on the hot paths are a few hundred bytes, and copying them
-        // costs less than the vectored call (docs/BENCHMARKS.md: 3-5% more refusals
-        // and cache hits per second, same run). A large streamed body is copied through
-        // the buffer at most `max_buf_size` bytes at a time.
-        .writev(false);
-    builder
-}
-
-/// The HTTP/2 settings every connection of a listener shares.
-fn http2_builder(options: &ServeOptions) -> hyper::server::conn::http2::Builder<TokioExecutor> {
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(options.http2_max_concurrent_streams)
-        // Advertised in SETTINGS; a larger header block gets 431 from h2.
-        .max_header_list_size(u32::try_from(options.max_header_bytes).unwrap_or(u32::MAX))
-        // A peer that stops answering pings is gone: close its connection.
-        .keep_alive_interval(options.header_read_timeout)
-        .keep_alive_timeout(options.header_read_timeout);
-    builder
-}
-
-/// A request target (path and query) longer than `server.max_uri_bytes`: answered 414
-/// by the server itself, before any handler sees the request.
-#[derive(Debug, thiserror::Error)]
-#[error("the request target is {len} bytes long; at most {limit} are accepted")]
-struct UriTooLong {
-    /// Length of the path and query received.
-    len: usize,
-    /// The configured limit.
-    limit: usize,
-}
-
-impl UriTooLong {
-    /// The error code of its JSON body, as every data-plane refusal carries one.
-    const CODE: &'static str = "uri_too_long";
-}
-
-/// The 414 for a request whose target (path and query) is longer than `limit`, or
-/// `None` when it fits. An HTTP/1.1 connection is closed after the answer; HTTP/2 has no
-/// connection header, and only the stream ends.
-fn refuse_long_target<B>(
-    req: &Request<Incoming>,
-    limit: usize,
-    listener: &'static str,
-) -> Option<Response<ServedBody<B>>> {
-    let len = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
-    if len <= limit {
-        return None;
-    }
-    let error = UriTooLong { len, limit };
-    tracing::debug!(route = listener, code = UriTooLong::CODE, error = %error, "request refused");
-    let body = serde_json::json!({ "error": UriTooLong::CODE, "message": error.to_string() });
-    let mut resp = Response::new(Either::Left(Full::new(Bytes::from(body.to_string()))));
-    *resp.status_mut() = StatusCode::URI_TOO_LONG;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if req.version() < Version::HTTP_2 {
-        resp.headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-    }
-    Some(resp)
 }

@@ -1,0 +1,136 @@
+//! Why `init` wrote nothing, and the exit code each reason gives: 2 for a refusal (the
+//! table cannot be gated well, or the command line is wrong), 1 for a failure.
+
+use std::path::PathBuf;
+
+/// Why `init` wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// Neither `--database-url` nor the variable gives the database.
+    #[error("no database: pass --database-url or set BLOOMGATE__DATABASE__URL")]
+    NoUrl,
+    /// The database URL has no scheme this build reads, or its driver cannot parse it.
+    #[error("unsupported database URL: {0}")]
+    BadUrl(String),
+    /// A MySQL URL without a database name: there is no schema to look the table up in.
+    #[error(
+        "the database URL names no database: add it to the path, e.g. mysql://user@host:3306/shop"
+    )]
+    NoDatabase,
+    /// The table is not there.
+    #[error("table `{0}` does not exist")]
+    NoSuchTable(String),
+    /// The key column is not in the table.
+    #[error("table `{table}` has no column `{column}`")]
+    NoSuchColumn {
+        /// The table.
+        table: String,
+        /// The column asked for.
+        column: String,
+    },
+    /// The user may not read the table.
+    #[error("no SELECT privilege on table `{table}` (the gate reads its keys): {source}")]
+    NoSelect {
+        /// The table.
+        table: String,
+        /// The database's refusal.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// No index starts with the key column: every origin lookup would scan the table.
+    #[error(
+        "column `{column}` of `{table}` is not indexed: every lookup would scan the whole table, \
+         which is worse than no gate; add a unique index on it"
+    )]
+    NotIndexed {
+        /// The table.
+        table: String,
+        /// The key column.
+        column: String,
+    },
+    /// The key column is indexed but no unique index holds it alone.
+    #[error(
+        "column `{column}` of `{table}` is not unique (no unique index on it alone): a key must \
+         name one row; add a unique index or choose another column"
+    )]
+    NotUnique {
+        /// The table.
+        table: String,
+        /// The key column.
+        column: String,
+    },
+    /// The key column's type has no normaliser.
+    #[error(
+        "column `{column}` is of type {declared}: keys must be integers or (var)char/(var)binary strings"
+    )]
+    UnsupportedKeyType {
+        /// The key column.
+        column: String,
+        /// Its declared type.
+        declared: String,
+    },
+    /// `--route` cannot be read.
+    #[error("--route {route:?}: {reason}")]
+    BadRoute {
+        /// As given.
+        route: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The table's name cannot be a path segment, and no `--route` was given.
+    #[error(
+        "no route can be made from the table name `{0}` (letters, digits, '_' and '-' only): \
+         pass --route, e.g. --route '/api/items/{{key}}'"
+    )]
+    NoDefaultRoute(String),
+    /// `--upstream` is not a plain `http://host:port`.
+    #[error("--upstream {0:?}: expected http://host:port")]
+    BadUpstream(String),
+    /// The output file is there and `--force` was not given.
+    #[error("{0} exists: pass --force to overwrite it")]
+    OutputExists(PathBuf),
+    /// The database could not be reached (or refused the login).
+    #[error("cannot connect to the database: {0}")]
+    Connect(#[source] sqlx::Error),
+    /// A metadata query failed for another reason than the refusals above.
+    #[error("reading the table's metadata failed: {0}")]
+    Query(#[source] sqlx::Error),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The config could not be written.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl InitError {
+    /// 2 for refusals (the table cannot be gated well, or the command line is wrong),
+    /// 1 for failures (the database is unreachable, a file cannot be written).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            InitError::Connect(_)
+            | InitError::Query(_)
+            | InitError::Runtime(_)
+            | InitError::Write { .. } => 1,
+            InitError::NoUrl
+            | InitError::BadUrl(_)
+            | InitError::NoDatabase
+            | InitError::NoSuchTable(_)
+            | InitError::NoSuchColumn { .. }
+            | InitError::NoSelect { .. }
+            | InitError::NotIndexed { .. }
+            | InitError::NotUnique { .. }
+            | InitError::UnsupportedKeyType { .. }
+            | InitError::BadRoute { .. }
+            | InitError::NoDefaultRoute(_)
+            | InitError::BadUpstream(_)
+            | InitError::OutputExists(_) => 2,
+        }
+    }
+}
