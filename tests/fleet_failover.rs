@@ -1,9 +1,16 @@
 //! Fleet failover against real processes: three `bloomgate` binaries, one throwaway
 //! Redis and one MariaDB database per test. The builder is killed with SIGKILL while
 //! keys are being written and read; Redis is killed with SIGKILL under traffic and
-//! brought back empty. Throughout, no instance refuses a key it has already served,
-//! every key seen on one instance reaches the others, and every committed key is served
-//! everywhere within a bound.
+//! brought back empty. Throughout, no instance refuses a key it has already served or
+//! admitted; every key seen on one instance reaches the others, and every committed key
+//! is served everywhere.
+//!
+//! Reaching the others and being served everywhere are waited for, not timed: a
+//! deadline ([`SETTLE`]) only bounds a hang. How long they take is measured by
+//! `tests/fleet.rs` (`measure_cross_instance_admission_latency`) and
+//! `tests/coherence.rs` (`measure_update_to_fresh_row_latency_in_a_fleet`), reported in
+//! docs/BENCHMARKS.md (Fleet mode); this test prints the longest it saw, and the
+//! failover times.
 
 mod support;
 
@@ -28,13 +35,10 @@ const TOKEN: &str = "test-admin-token";
 /// First key the writers create: above every demo key.
 const NEW_KEYS_FROM: u64 = 10_000_000;
 
-/// A key served on one instance reaches every other within this long (the change stream
-/// with Redis up; each instance's own sync while it is down).
-const PROPAGATION: Duration = Duration::from_secs(3);
-
-/// A committed key is served on every live instance within this long, failover included
-/// (lease expiry, a new builder, its first sync polls).
-const SERVE_BOUND: Duration = Duration::from_secs(10);
+/// The longest wait for a state the fleet reaches on its own (a new builder, keys served
+/// everywhere, an outage noticed): a bound on a hang on a loaded machine, not a
+/// latency claim.
+const SETTLE: Duration = Duration::from_secs(60);
 
 /// The config of instance `id`: a synced filter and short fleet timings.
 fn config(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> String {
@@ -182,6 +186,9 @@ struct Book {
     violations: Vec<String>,
     /// Stable (seeded) keys asked, and tracked keys asked, over the run.
     asked: (u64, u64),
+    /// The longest an instance still refused a key after another had served it, and
+    /// after its commit: measured and printed, not judged.
+    worst: (Duration, Duration),
 }
 
 type Shared = Arc<Mutex<Book>>;
@@ -191,6 +198,7 @@ fn book() -> Shared {
         keys: Vec::new(),
         violations: Vec::new(),
         asked: (0, 0),
+        worst: (Duration::ZERO, Duration::ZERO),
     }))
 }
 
@@ -210,7 +218,10 @@ impl Book {
         (served, since.len())
     }
 
-    /// Judges what instance `i` answered for `key` in a batch sent at `sent`.
+    /// Judges what instance `i` answered for `key` in a batch sent at `sent`: a refusal
+    /// of a key it had served, or admitted through its admin API, before the batch was
+    /// sent is a violation. A refusal of a key that is not everywhere yet is not; how
+    /// long after another instance served it, and after its commit, is recorded.
     fn judge(&mut self, i: usize, key: u64, status: u16, sent: Instant, now: Instant) {
         let Some(t) = self.keys.iter_mut().find(|t| t.key == key) else {
             return;
@@ -229,23 +240,16 @@ impl Book {
         {
             why.push("its admin API had admitted the key".to_owned());
         }
-        for (j, s) in t.seen.iter().enumerate() {
-            if let Some(s) = s
-                && j != i
-                && *s + PROPAGATION < sent
-            {
-                why.push(format!(
-                    "instance {j} served it {:?} before",
-                    sent.duration_since(*s)
-                ));
-            }
-        }
-        if t.committed + SERVE_BOUND < sent {
-            why.push(format!(
-                "committed {:?} before",
-                sent.duration_since(t.committed)
-            ));
-        }
+        let after_seen = t
+            .seen
+            .iter()
+            .flatten()
+            .map(|s| sent.saturating_duration_since(*s))
+            .max()
+            .unwrap_or_default();
+        let after_commit = sent.saturating_duration_since(t.committed);
+        self.worst.0 = self.worst.0.max(after_seen);
+        self.worst.1 = self.worst.1.max(after_commit);
         if !why.is_empty() {
             self.violations.push(format!(
                 "instance {i} answered {status} for key {key}: {}",
@@ -415,8 +419,8 @@ async fn until(book: &Shared, what: &str, limit: Duration, done: impl Fn(&Book) 
     }
 }
 
-/// Every tracked key is served by every instance in `on` (polled up to `SERVE_BOUND`),
-/// and every seeded key of a sample.
+/// Every tracked key is served by every instance in `on` (each asked until it is, within
+/// `SETTLE` in all), and every seeded key of a sample.
 async fn final_pass(client: &HttpClient, nodes: &[Node], on: &[usize], book: &Shared, seeded: u64) {
     let keys: Vec<u64> = book
         .lock()
@@ -426,7 +430,7 @@ async fn final_pass(client: &HttpClient, nodes: &[Node], on: &[usize], book: &Sh
         .map(|t| t.key)
         .chain((0..seeded).step_by(97).map(demo_sku))
         .collect();
-    let deadline = Instant::now() + SERVE_BOUND;
+    let deadline = Instant::now() + SETTLE;
     for &i in on {
         for &k in &keys {
             loop {
@@ -443,7 +447,8 @@ async fn final_pass(client: &HttpClient, nodes: &[Node], on: &[usize], book: &Sh
                 }
                 assert!(
                     Instant::now() < deadline,
-                    "instance {i} still answers {} for key {k}",
+                    "every key served by instance {i}: not within {SETTLE:?}; it still \
+                     answers {} for key {k}",
                     r.status
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -452,9 +457,12 @@ async fn final_pass(client: &HttpClient, nodes: &[Node], on: &[usize], book: &Sh
     }
 }
 
+/// The instance ids of [`start_fleet`]'s instances, in order.
+const IDS: [&str; 3] = ["a", "b", "c"];
+
 async fn start_fleet(db: &TestDb, redis: &TestRedis, ns: &str, expected: u64) -> Vec<Bloomgate> {
     let mut bins = Vec::new();
-    for id in ["a", "b", "c"] {
+    for id in IDS {
         bins.push(Bloomgate::serve(&config(db, redis, ns, id, expected), &[]).await);
     }
     bins
@@ -474,7 +482,7 @@ async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused
     for n in &nodes {
         wait_ready(&client, *n, Duration::from_secs(120)).await;
     }
-    let (b, gen0) = one_builder(&client, &nodes, Duration::from_secs(30)).await;
+    let (b, gen0) = one_builder(&client, &nodes, SETTLE).await;
     let survivors: Vec<usize> = (0..nodes.len()).filter(|&i| i != b).collect();
     eprintln!("builder: instance {b}, generation {gen0}");
 
@@ -507,7 +515,7 @@ async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused
     until(
         &book,
         "keys served everywhere before the kill",
-        Duration::from_secs(30),
+        SETTLE,
         |bk| bk.served_since(start, &all, true).0 >= 100,
     )
     .await;
@@ -520,16 +528,34 @@ async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused
         .wait_for(|r| *r >= from + 2)
         .await
         .expect("the reader runs");
+    // The lease as Redis holds it at the kill: no survivor can take it before it
+    // expires (a renewal between this read and the kill only makes that later).
+    let mut conn = redis.conn().await;
+    let lease_read = Instant::now();
+    let (holder, left_ms): (Option<String>, i64) = redis::pipe()
+        .get("failover:filter:products:lease")
+        .pttl("failover:filter:products:lease")
+        .query_async(&mut conn)
+        .await
+        .expect("read the lease");
+    let holder = holder.unwrap_or_default();
+    assert!(
+        holder.ends_with(&format!(":{}", IDS[b])) && left_ms > 0,
+        "the builder {} does not hold the lease: {holder:?}, {left_ms} ms left",
+        IDS[b]
+    );
+    let expires = lease_read + Duration::from_millis(left_ms as u64);
     let killed = Instant::now();
     bins[b].signal("KILL");
-    assert_eq!(bins[b].wait_exit(Duration::from_secs(10)).await, None);
+    assert_eq!(bins[b].wait_exit(SETTLE).await, None);
 
     // A survivor takes the lease once it expires, then publishes a generation.
-    let deadline = killed + Duration::from_secs(20);
-    let (nb, to_builder) = 'found: loop {
+    let deadline = killed + SETTLE;
+    let (nb, to_builder, seen_at) = 'found: loop {
         for &i in &survivors {
             if role(&nodes[i].fleet(&client).await) == "builder" {
-                break 'found (i, killed.elapsed());
+                let at = Instant::now();
+                break 'found (i, at - killed, at);
             }
         }
         assert!(Instant::now() < deadline, "no survivor became builder");
@@ -550,16 +576,21 @@ async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused
         "failover: builder {b} killed; instance {nb} builder after {to_builder:?}, \
          next generation published after {to_generation:?} (lease_ttl 2s)"
     );
+    // Seen after it happened, so never earlier than it: a builder seen before the lease
+    // read at the kill expired took a lease that was not free. (Redis counts in whole
+    // milliseconds.)
     assert!(
-        to_builder >= Duration::from_millis(1_000),
-        "a new builder after {to_builder:?}: the dead builder's lease cannot have expired"
+        seen_at + Duration::from_millis(2) >= expires,
+        "a new builder {:?} before the dead builder's lease ({left_ms} ms left at the kill) \
+         expired",
+        expires - seen_at
     );
 
     // Rows inserted after the kill reach both survivors through the new builder's sync.
     until(
         &book,
         "keys inserted after the kill served by the survivors",
-        Duration::from_secs(30),
+        SETTLE,
         |bk| bk.served_since(killed, &survivors, true).0 >= 150,
     )
     .await;
@@ -570,7 +601,7 @@ async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused
     let (nb2, g) = one_builder(
         &client,
         &survivors.iter().map(|&i| nodes[i]).collect::<Vec<_>>(),
-        Duration::from_secs(10),
+        SETTLE,
     )
     .await;
     assert_eq!(survivors[nb2], nb, "the builder changed again");
@@ -580,10 +611,13 @@ async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused
     let (after, total) = b.served_since(killed, &survivors, true);
     eprintln!(
         "churn: {} seeded and {} tracked reads; {} keys created, {after} of {total} rows \
-         inserted after the kill served by both survivors",
+         inserted after the kill served by both survivors; a key refused at most {:?} \
+         after another instance served it, {:?} after its commit",
         b.asked.0,
         b.asked.1,
-        b.keys.len()
+        b.keys.len(),
+        b.worst.0,
+        b.worst.1
     );
     assert!(b.violations.is_empty(), "{:#?}", b.violations);
 }
@@ -603,7 +637,7 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
     for n in &nodes {
         wait_ready(&client, *n, Duration::from_secs(60)).await;
     }
-    let (_, gen0) = one_builder(&client, &nodes, Duration::from_secs(30)).await;
+    let (_, gen0) = one_builder(&client, &nodes, SETTLE).await;
     let epoch0 = nodes[0].fleet(&client).await["redis"]["epoch"].clone();
     assert!(epoch0.is_string(), "{epoch0}");
 
@@ -632,7 +666,7 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
     until(
         &book,
         "keys served everywhere before the outage",
-        Duration::from_secs(30),
+        SETTLE,
         |bk| bk.served_since(start, &all, true).0 >= 50,
     )
     .await;
@@ -640,7 +674,7 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
     // Redis dies: every instance goes on alone.
     redis.kill();
     let killed = Instant::now();
-    let deadline = killed + Duration::from_secs(20);
+    let deadline = killed + SETTLE;
     for (i, n) in nodes.iter().enumerate() {
         loop {
             let f = n.fleet(&client).await;
@@ -665,7 +699,7 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
     until(
         &book,
         "rows inserted during the outage served everywhere",
-        Duration::from_secs(30),
+        SETTLE,
         |bk| bk.served_since(alone, &all, true).0 >= 100,
     )
     .await;
@@ -688,14 +722,14 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
                 break;
             }
             assert!(
-                back.elapsed() < Duration::from_secs(20),
+                back.elapsed() < SETTLE,
                 "instance {i} saw no reset: {}",
                 n.fleet(&client).await
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let (nb, g) = one_builder(&client, &nodes, Duration::from_secs(30)).await;
+    let (nb, g) = one_builder(&client, &nodes, SETTLE).await;
     let rejoined = back.elapsed();
     for n in &nodes {
         let f = n.fleet(&client).await;
@@ -723,7 +757,7 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
     until(
         &book,
         "rows inserted after the rejoin served everywhere",
-        Duration::from_secs(30),
+        SETTLE,
         |bk| bk.served_since(rejoin, &all, true).0 >= 50,
     )
     .await;
@@ -733,10 +767,13 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
     final_pass(&client, &nodes, &all, &book, N).await;
     let b = book.lock().expect("book");
     eprintln!(
-        "outage: {} seeded and {} tracked reads; {} keys created",
+        "outage: {} seeded and {} tracked reads; {} keys created; a key refused at most \
+         {:?} after another instance served it, {:?} after its commit",
         b.asked.0,
         b.asked.1,
-        b.keys.len()
+        b.keys.len(),
+        b.worst.0,
+        b.worst.1
     );
     assert!(b.violations.is_empty(), "{:#?}", b.violations);
     drop(bins);

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bloomgate::db::{demo_absent_sku, demo_sku};
 use bytes::Bytes;
 use http::Method;
+use support::observe::wait_value;
 use support::{
     SYNC_QUERY, StubUpstream, TestConfig, TestDb, TestProxy, TestRoute, concurrently, mysql_url,
 };
@@ -71,6 +72,8 @@ async fn wait_for(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> b
 }
 
 const POLLS_OK: &str = "bloomgate_filter_sync_polls_total{filter=\"products\",result=\"ok\"}";
+const LOADS_OK: &str = "bloomgate_filter_loads_total{filter=\"products\",result=\"ok\"}";
+const CAPACITY_REBUILDS: &str = "bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}";
 
 /// Asks for `path` until it is answered 200, and returns after how many completed sync
 /// polls and how long. Counted from the caller's `polls` (read after the change was
@@ -196,15 +199,13 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
         tokio::spawn(async move {
             // Let the inserts outgrow capacity first, so the automatic rebuild is seen
             // (forced rebuilds size the filter from the row count and would pre-empt it).
-            let waited = Instant::now();
-            while waited.elapsed() < Duration::from_secs(8)
-                && proxy
-                    .metric("bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}")
-                    .await
-                    < 1.0
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            wait_value(
+                "the automatic capacity rebuild",
+                Duration::from_secs(60),
+                || proxy.metric(CAPACITY_REBUILDS),
+                |n| *n >= 1.0,
+            )
+            .await;
             let mut forced = 0u32;
             while !stop.load(Ordering::Relaxed) {
                 let r = proxy
@@ -216,20 +217,35 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
                     .await;
                 assert_eq!(r.status.as_u16(), 202);
                 forced += 1;
+                // Pacing of the requests, not a wait for anything.
                 tokio::time::sleep(Duration::from_millis(700)).await;
             }
             forced
         })
     };
 
-    let started = Instant::now();
+    // Reads go on until what they are to overlap has happened, and one more round after
+    // that: the automatic capacity rebuild, forced rebuilds (four builds completed in
+    // all), more than 1,000 reads of newly synced keys, three rounds at least. The
+    // deadline only bounds a hang.
+    let limit = Duration::from_secs(120);
+    let deadline = Instant::now() + limit;
     let mut asked = 0u64;
     let mut asked_fresh = 0u64;
     let mut rounds = 0u32;
     let mut refused: Vec<(u64, u16)> = Vec::new();
-    while (started.elapsed() < Duration::from_secs(15) || rounds < 3)
-        && started.elapsed() < Duration::from_secs(90)
-    {
+    loop {
+        let (loads, capacity_rebuilds) = (
+            proxy.metric(LOADS_OK).await,
+            proxy.metric(CAPACITY_REBUILDS).await,
+        );
+        let last_round =
+            rounds >= 3 && asked_fresh > 1_000 && loads >= 4.0 && capacity_rebuilds >= 1.0;
+        assert!(
+            last_round || Instant::now() < deadline,
+            "churn: not within {limit:?}; after {rounds} rounds: {asked_fresh} reads of newly \
+             synced keys, {loads} builds completed, {capacity_rebuilds} capacity rebuilds"
+        );
         rounds += 1;
         // Keys that two completed polls have had time to admit (see served_after_polls).
         let polls = proxy.metric(POLLS_OK).await;
@@ -262,6 +278,9 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
         })
         .await;
         refused.extend(statuses.into_iter().filter(|(_, s)| *s != 200));
+        if last_round {
+            break;
+        }
     }
     stop.store(true, Ordering::Relaxed);
     for w in writers {
@@ -269,12 +288,8 @@ async fn no_false_negative_under_churn_with_rebuilds_and_a_capacity_rebuild() {
     }
     let forced = rebuilder.await.expect("rebuilder");
     let created = created.lock().expect("lock").len();
-    let loads = proxy
-        .metric("bloomgate_filter_loads_total{filter=\"products\",result=\"ok\"}")
-        .await;
-    let capacity_rebuilds = proxy
-        .metric("bloomgate_filter_capacity_rebuilds_total{filter=\"products\"}")
-        .await;
+    let loads = proxy.metric(LOADS_OK).await;
+    let capacity_rebuilds = proxy.metric(CAPACITY_REBUILDS).await;
     eprintln!(
         "churn: {rounds} rounds, {asked} reads ({asked_fresh} of newly synced keys), {} refused; {created} keys created and {} deleted by 4 writers; \
          {forced} forced rebuilds requested, {loads} builds completed, {capacity_rebuilds} capacity rebuilds",

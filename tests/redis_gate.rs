@@ -4,9 +4,17 @@
 //! refuses; admissions reach it at once; other clients read the same filter; Redis
 //! killed leaves the local copies answering, and Redis back (empty) gets a new
 //! generation that the instances check again.
+//!
+//! A check Redis does not answer within `check_timeout` leaves the local verdict (or
+//! fails open without a copy) and is counted as `answer="none"`: where a test needs
+//! Redis's own answer, it asks again after such a request (see [`answered`]), so a
+//! loaded machine makes it slower, never wrong. Deadlines only bound a hang
+//! ([`SETTLE`]); how long a check takes is measured by `benches/load/backends`
+//! (docs/BENCHMARKS.md, The gate's backends).
 
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +24,20 @@ use bytes::Bytes;
 use http::Method;
 use redis::aio::MultiplexedConnection;
 use support::binary::Bloomgate;
+use support::observe::wait_value;
 use support::{
     HttpClient, RedisOptions, Reply, TestConfig, TestDb, TestProxy, TestRedis, TestRoute,
-    concurrently, eventually, mysql_url, redis_server,
+    concurrently, eventually, mysql_url, redis_server, series_value,
 };
 
 const TOKEN: &str = "test-admin-token";
+
+/// The longest wait for a state the fleet reaches on its own (a generation written, an
+/// outage noticed, an admission in Redis): a bound on a hang, not a latency claim.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// The series of checks that Redis did not answer.
+const UNANSWERED: &str = "bloomgate_filter_redis_checks_total{answer=\"none\",filter=\"products\"}";
 
 /// Instance `id` of a fleet in namespace `ns` whose filter is held in Redis too, in
 /// shards of 4 KiB (so a filter of any size here spans several).
@@ -106,6 +122,50 @@ async fn checks_redis(proxy: &TestProxy, absent: u64) -> bool {
     r.status.as_u16() == 404 && r.stage() == "intercepted" && after > before
 }
 
+/// GETs `path` on the instance with data plane `data` and admin plane `admin` until the
+/// answer is not one of a check that Redis left unanswered (slower than
+/// `check_timeout` on a loaded machine: counted as `none`, the local copy's verdict
+/// stood or the request failed open), and returns it. Only for an instance nothing
+/// else sends requests to meanwhile.
+async fn answered(client: &HttpClient, data: SocketAddr, admin: SocketAddr, path: &str) -> Reply {
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let unanswered = |text: String| {
+            series_value(&text, UNANSWERED)
+                .unwrap_or_else(|| panic!("no {UNANSWERED} in /metrics (it exists from start-up)"))
+        };
+        let before = unanswered(bin_get_at(client, admin, "/metrics").await.text());
+        let r = bin_get_at(client, data, path).await;
+        let after = unanswered(bin_get_at(client, admin, "/metrics").await.text());
+        if after == before {
+            return r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path}: Redis left every check unanswered for {SETTLE:?}; last answer {} {}",
+            r.status,
+            r.stage()
+        );
+    }
+}
+
+/// [`answered`], on a [`TestProxy`].
+async fn answered_by(proxy: &TestProxy, path: &str) -> Reply {
+    answered(proxy.client(), proxy.data, proxy.admin, path).await
+}
+
+/// GET `path` at `addr`.
+async fn bin_get_at(client: &HttpClient, addr: SocketAddr, path: &str) -> Reply {
+    client
+        .send(
+            Method::GET,
+            &format!("http://{addr}{path}"),
+            &[],
+            Bytes::new(),
+        )
+        .await
+}
+
 /// Whether generation `layout` of the copy in Redis may hold `key`, asked as another
 /// service would.
 async fn in_redis(
@@ -137,8 +197,8 @@ async fn refused_key(
     unreachable!("an unbounded range")
 }
 
-/// Admits `added` through `proxy`'s admin API and waits (at most 2 s) until the copy in
-/// Redis holds it: the instance writes it there without waiting for anything else.
+/// Admits `added` through `proxy`'s admin API and waits until the copy in Redis holds
+/// it: the instance writes it there without waiting for anything else.
 async fn admit_on(
     proxy: &TestProxy,
     conn: &mut MultiplexedConnection,
@@ -157,14 +217,14 @@ async fn admit_on(
     wait_in_redis(conn, keys, layout, added).await;
 }
 
-/// Waits (at most 2 s) until the copy in Redis holds `added`.
+/// Waits until the copy in Redis holds `added`.
 async fn wait_in_redis(
     conn: &mut MultiplexedConnection,
     keys: &HeldKeys,
     layout: &Layout,
     added: u64,
 ) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let deadline = std::time::Instant::now() + SETTLE;
     while !in_redis(conn, keys, layout, added).await {
         assert!(
             std::time::Instant::now() < deadline,
@@ -188,7 +248,7 @@ async fn a_fleet_gates_with_the_copy_in_redis_which_holds_every_key() {
     b.wait_ready(Duration::from_secs(120)).await;
     let keys = HeldKeys::new("held", "products");
     let mut conn = redis.conn().await;
-    let layout = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    let layout = held_layout(&mut conn, &keys, 0, SETTLE).await;
     assert!(layout.shards() > 1, "{layout:?}");
     assert!(layout.items > rows * 99 / 100, "{layout:?}");
 
@@ -221,7 +281,7 @@ async fn a_fleet_gates_with_the_copy_in_redis_which_holds_every_key() {
 
     // Both instances check it: a refused key is asked of Redis and counted.
     for p in [&a, &b] {
-        eventually("checks answered by Redis", Duration::from_secs(10), || {
+        eventually("checks answered by Redis", SETTLE, || {
             checks_redis(p, demo_absent_sku(rows + 1))
         })
         .await;
@@ -261,7 +321,7 @@ async fn a_fleet_gates_with_the_copy_in_redis_which_holds_every_key() {
                 "bloomgate_filter_redis_checks_total{answer=\"maybe\",filter=\"products\"}",
             )
             .await;
-        let r = p.get(&format!("/api/products/{outside}")).await;
+        let r = answered_by(p, &format!("/api/products/{outside}")).await;
         assert_eq!(r.status.as_u16(), 404);
         assert_ne!(
             r.stage(),
@@ -294,9 +354,9 @@ async fn with_redis_gone_the_local_copies_answer_and_a_new_generation_follows_it
     b.wait_ready(Duration::from_secs(60)).await;
     let keys = HeldKeys::new("gone", "products");
     let mut conn = redis.conn().await;
-    let first = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    let first = held_layout(&mut conn, &keys, 0, SETTLE).await;
     for p in [&a, &b] {
-        eventually("checks answered by Redis", Duration::from_secs(10), || {
+        eventually("checks answered by Redis", SETTLE, || {
             checks_redis(p, demo_absent_sku(rows + 1))
         })
         .await;
@@ -304,23 +364,38 @@ async fn with_redis_gone_the_local_copies_answer_and_a_new_generation_follows_it
     let absent = refused_key(&mut conn, &keys, &first, rows + 10).await;
 
     redis.kill();
-    // Refusals and present keys are answered by each instance's own copy, quickly: no
-    // request waits for a Redis that is not there once the fleet has noticed.
+    // Refusals and present keys are answered by each instance's own copy, and no
+    // request waits for a Redis that is not there once the fleet has noticed: Redis is
+    // no longer asked (`checked` is false), so each refusal is the local copy's at once,
+    // counted as unanswered, and none has an answer from Redis. (How long a refusal
+    // takes is measured by benches/load/backends.)
+    let answered_series = [
+        "bloomgate_filter_redis_checks_total{answer=\"absent\",filter=\"products\"}",
+        "bloomgate_filter_redis_checks_total{answer=\"maybe\",filter=\"products\"}",
+    ];
     for p in [&a, &b] {
-        eventually("Redis seen down", Duration::from_secs(10), || async {
+        eventually("Redis seen down", SETTLE, || async {
             p.admin_get("/admin/fleet").await.json()["redis"]["up"] == false
         })
         .await;
+        let s = filter_status(p).await;
+        assert_eq!(s["redis"]["checked"], false, "Redis still asked: {s}");
+        let before = p.scrape().await;
         for _ in 0..20 {
-            let started = std::time::Instant::now();
             let r = p.get(&format!("/api/products/{absent}")).await;
             assert_eq!((r.status.as_u16(), r.stage()), (404, "intercepted"));
-            assert!(
-                started.elapsed() < Duration::from_millis(150),
-                "{:?}",
-                started.elapsed()
-            );
         }
+        let after = p.scrape().await;
+        assert_eq!(
+            after.value(UNANSWERED) - before.value(UNANSWERED),
+            20.0,
+            "each refusal counted once as unanswered"
+        );
+        for series in answered_series {
+            assert_eq!(after.value(series), before.value(series), "{series}");
+        }
+        let s = filter_status(p).await;
+        assert_eq!(s["redis"]["checked"], false, "Redis asked again: {s}");
         let r = p.get(&format!("/api/products/{}", demo_sku(7))).await;
         assert_eq!(r.status.as_u16(), 200);
     }
@@ -329,13 +404,11 @@ async fn with_redis_gone_the_local_copies_answer_and_a_new_generation_follows_it
     // and both instances check it.
     redis.restart().await;
     let mut conn = redis.conn().await;
-    let second = held_layout(&mut conn, &keys, first.generation, Duration::from_secs(30)).await;
+    let second = held_layout(&mut conn, &keys, first.generation, SETTLE).await;
     for p in [&a, &b] {
-        eventually(
-            "checks answered by Redis again",
-            Duration::from_secs(10),
-            || checks_redis(p, absent),
-        )
+        eventually("checks answered by Redis again", SETTLE, || {
+            checks_redis(p, absent)
+        })
         .await;
     }
     let scripts = Scripts::new();
@@ -400,8 +473,8 @@ async fn the_documented_acl_users_can_keep_and_read_the_copy_in_redis() {
     let a = TestProxy::spawn(&config_at(&db, &url, "acl", "a", rows).toml()).await;
     a.wait_ready(Duration::from_secs(60)).await;
     let keys = HeldKeys::new("acl", "products");
-    let layout = held_layout(&mut admin, &keys, 0, Duration::from_secs(30)).await;
-    eventually("checks answered by Redis", Duration::from_secs(10), || {
+    let layout = held_layout(&mut admin, &keys, 0, SETTLE).await;
+    eventually("checks answered by Redis", SETTLE, || {
         checks_redis(&a, demo_absent_sku(rows + 1))
     })
     .await;
@@ -474,27 +547,97 @@ async fn ask_all(proxy: &Arc<TestProxy>, keys: Vec<u64>) -> Vec<(u64, u16, Strin
     .await
 }
 
+/// What an instance without a copy answered for a set of keys, each asked until
+/// Redis answered its check.
+struct Sweep {
+    /// (key, status, stage) of the request whose check Redis answered.
+    answered: Vec<(u64, u16, String)>,
+    /// Requests that failed open because Redis left their check unanswered (slower
+    /// than `check_timeout` on a loaded machine): (key, status).
+    failed_open: Vec<(u64, u16)>,
+}
+
+/// Asks `proxy` (an instance without a copy, which nothing else asks meanwhile) for
+/// every key, then again for the keys whose requests failed open, until every key has
+/// a request that Redis answered.
+async fn sweep(proxy: &Arc<TestProxy>, keys: Vec<u64>) -> Sweep {
+    let deadline = std::time::Instant::now() + SETTLE;
+    let mut out = Sweep {
+        answered: Vec::new(),
+        failed_open: Vec::new(),
+    };
+    let mut asking = keys;
+    while !asking.is_empty() {
+        let mut again = Vec::new();
+        for (k, status, stage) in ask_all(proxy, asking).await {
+            if stage == "fail-open" {
+                out.failed_open.push((k, status));
+                again.push(k);
+            } else {
+                out.answered.push((k, status, stage));
+            }
+        }
+        assert!(
+            again.is_empty() || std::time::Instant::now() < deadline,
+            "{} keys still failed open after {SETTLE:?}, e.g. {:?}",
+            again.len(),
+            &again[..again.len().min(5)]
+        );
+        asking = again;
+    }
+    out
+}
+
+/// The checks `proxy` counted so far, by answer: (maybe, absent, none).
+async fn checks(proxy: &TestProxy) -> (f64, f64, f64) {
+    let s = proxy.scrape().await;
+    let answer = |a: &str| {
+        s.value(&format!(
+            "bloomgate_filter_redis_checks_total{{answer=\"{a}\",filter=\"products\"}}"
+        ))
+    };
+    (answer("maybe"), answer("absent"), answer("none"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_present_one() {
+    // Every other key of a filter that spans two shards: 5,000 requests. The
+    // false-positive rate of a sample this size is held to twice the target; the
+    // exhaustive run below holds it to 1.2 times over 100,000 keys of each kind.
+    without_a_copy(5_000, 2, 0.02).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "exhaustive; run with --ignored"]
+async fn an_instance_without_a_copy_asks_redis_about_each_of_100_000_keys() {
+    without_a_copy(100_000, 1, 0.012).await;
+}
+
+/// Two instances of a filter held in Redis alone, over `rows` products: `b`, without a
+/// copy, is asked for every `step`-th present and absent key and must agree with the
+/// copy in Redis, at a false-positive rate of at most `max_rate`; then come admissions
+/// on `b`, and Redis killed and brought back.
+async fn without_a_copy(rows: u64, step: usize, max_rate: f64) {
     let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
         return;
     };
-    let rows = 100_000;
-    let db = TestDb::create_heavy(&server, rows).await;
+    let db = if rows > 10_000 {
+        TestDb::create_heavy(&server, rows).await
+    } else {
+        TestDb::create(&server, rows).await
+    };
     let mut redis = TestRedis::start(&redis_bin).await;
     // `a` starts alone and takes the lease: it builds, so it holds the only copy.
     let a = TestProxy::spawn(&alone(&db, &redis, "alone", "a", rows).toml()).await;
     a.wait_ready(Duration::from_secs(120)).await;
-    eventually("a builds", Duration::from_secs(10), || async {
-        role(&a).await == "builder"
-    })
-    .await;
+    eventually("a builds", SETTLE, || async { role(&a).await == "builder" }).await;
     let keys = HeldKeys::new("alone", "products");
     let mut conn = redis.conn().await;
-    let layout = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    let layout = held_layout(&mut conn, &keys, 0, SETTLE).await;
+    assert!(layout.shards() > 1, "{layout:?}");
     let b = Arc::new(TestProxy::spawn(&alone(&db, &redis, "alone", "b", rows).toml()).await);
     // Ready from the generation in Redis, with no copy of its own.
-    b.wait_ready(Duration::from_secs(30)).await;
+    b.wait_ready(SETTLE).await;
     assert_eq!(role(&b).await, "follower");
     let fb = filter_status(&b).await;
     assert_eq!(fb["holds_copy"], false, "{fb}");
@@ -507,14 +650,16 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
     );
     assert_eq!(filter_status(&a).await["holds_copy"], true);
 
-    // Every present key, through the proxy: Redis is asked about each one, and none
-    // is refused.
-    let maybe = "bloomgate_filter_redis_checks_total{answer=\"maybe\",filter=\"products\"}";
-    let maybe_before = b.counter_or_zero(maybe).await;
-    let present: Vec<u64> = (0..rows).map(demo_sku).collect();
-    let refused: Vec<_> = ask_all(&b, present)
-        .await
-        .into_iter()
+    // Present keys through the proxy: Redis is asked about each one (one check per
+    // request; every check it left unanswered, a request that failed open and was
+    // asked again), and none is refused.
+    let (maybe_before, absent_before, none_before) = checks(&b).await;
+    let present: Vec<u64> = (0..rows).step_by(step).map(demo_sku).collect();
+    let asked = present.len();
+    let swept = sweep(&b, present).await;
+    let refused: Vec<_> = swept
+        .answered
+        .iter()
         .filter(|(_, status, _)| *status != 200)
         .collect();
     assert!(
@@ -523,15 +668,40 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
         refused.len(),
         &refused[..refused.len().min(5)]
     );
-    assert!(b.metric(maybe).await - maybe_before >= rows as f64);
+    let not_served: Vec<_> = swept
+        .failed_open
+        .iter()
+        .filter(|(_, s)| *s != 200)
+        .collect();
+    assert!(
+        not_served.is_empty(),
+        "failed open, not served: {not_served:?}"
+    );
+    let (maybe, absent_answers, none) = checks(&b).await;
+    assert_eq!(
+        maybe - maybe_before,
+        asked as f64,
+        "one maybe per present key"
+    );
+    assert_eq!(
+        absent_answers, absent_before,
+        "a present key refused by Redis"
+    );
+    assert_eq!(none - none_before, swept.failed_open.len() as f64);
 
     // Absent keys: exactly the ones the copy in Redis lets through reach the origin,
     // at the configured rate.
-    let absent: Vec<u64> = (0..rows).map(demo_absent_sku).collect();
-    let answers = ask_all(&b, absent.clone()).await;
+    let absent: Vec<u64> = (0..rows).step_by(step).map(demo_absent_sku).collect();
+    let asked = absent.len();
+    let swept = sweep(&b, absent).await;
+    assert!(
+        swept.failed_open.iter().all(|(_, s)| *s == 404),
+        "{:?}",
+        swept.failed_open
+    );
     let mut disagree = Vec::new();
     let mut passed = 0u64;
-    for (k, status, stage) in &answers {
+    for (k, status, stage) in &swept.answered {
         assert_eq!(*status, 404, "absent key {k}");
         let through = stage != "intercepted";
         passed += u64::from(through);
@@ -545,16 +715,21 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
         "{:?}",
         &disagree[..disagree.len().min(5)]
     );
-    let rate = passed as f64 / rows as f64;
+    let rate = passed as f64 / asked as f64;
+    eprintln!(
+        "without a copy: {asked} absent keys, {passed} let through by Redis (rate {rate:.4}); \
+         {} requests failed open on an unanswered check and were asked again",
+        swept.failed_open.len()
+    );
     assert!(
-        rate <= 0.012,
+        rate <= max_rate,
         "false-positive rate through the proxy: {rate}"
     );
 
     // An admission on `b` is let through by `b` at once, before anything else happens
     // (its write into Redis may still be on its way), and is in Redis soon after.
     for n in 0..20 {
-        let added = refused_key(&mut conn, &keys, &layout, 3 * rows + n * 1000).await;
+        let added = refused_key(&mut conn, &keys, &layout, 3 * rows + n * 100).await;
         let r = b
             .admin_post(
                 "/admin/filters/products/keys",
@@ -571,7 +746,7 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
         );
         wait_in_redis(&mut conn, &keys, &layout, added).await;
         // Once in Redis, every instance lets it through, whatever its own copy says.
-        let r = a.get(&format!("/api/products/{added}")).await;
+        let r = answered_by(&a, &format!("/api/products/{added}")).await;
         assert_ne!(r.stage(), "intercepted", "{added} in Redis, refused by a");
     }
 
@@ -579,7 +754,7 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
     // refuses from its copy.
     let refused_absent = refused_key(&mut conn, &keys, &layout, 5 * rows).await;
     redis.kill();
-    eventually("Redis seen down", Duration::from_secs(10), || async {
+    eventually("Redis seen down", SETTLE, || async {
         b.admin_get("/admin/fleet").await.json()["redis"]["up"] == false
     })
     .await;
@@ -599,18 +774,16 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
     // Back, empty: the builder writes a new generation and `b` refuses with it. In
     // between (no generation to trust), `b` stays ready and fails open.
     redis.restart().await;
-    eventually("b sees Redis reset", Duration::from_secs(10), || async {
+    eventually("b sees Redis reset", SETTLE, || async {
         b.admin_get("/admin/fleet").await.json()["redis"]["resets_seen"] == 1
     })
     .await;
     assert_eq!(b.admin_get("/readyz").await.status.as_u16(), 200);
     let mut conn = redis.conn().await;
-    held_layout(&mut conn, &keys, layout.generation, Duration::from_secs(30)).await;
-    eventually(
-        "b refuses through Redis again",
-        Duration::from_secs(10),
-        || checks_redis(&b, refused_absent),
-    )
+    held_layout(&mut conn, &keys, layout.generation, SETTLE).await;
+    eventually("b refuses through Redis again", SETTLE, || {
+        checks_redis(&b, refused_absent)
+    })
     .await;
 }
 
@@ -629,19 +802,14 @@ async fn a_redis_that_may_evict_is_not_asked_until_its_policy_is_noeviction_agai
     // `a` builds (it starts first and takes the lease); `b` holds no copy.
     let a = TestProxy::spawn(&config(&db, &redis, "evict", "a", rows).toml()).await;
     a.wait_ready(Duration::from_secs(60)).await;
-    eventually("a builds", Duration::from_secs(10), || async {
-        role(&a).await == "builder"
-    })
-    .await;
+    eventually("a builds", SETTLE, || async { role(&a).await == "builder" }).await;
     let keys = HeldKeys::new("evict", "products");
     let mut conn = redis.conn().await;
-    let first = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    let first = held_layout(&mut conn, &keys, 0, SETTLE).await;
     let b = TestProxy::spawn(&alone(&db, &redis, "evict", "b", rows).toml()).await;
-    eventually(
-        "b knows the generation",
-        Duration::from_secs(10),
-        || async { filter_status(&b).await["redis"]["generation"].is_u64() },
-    )
+    eventually("b knows the generation", SETTLE, || async {
+        filter_status(&b).await["redis"]["generation"].is_u64()
+    })
     .await;
     let absent = refused_key(&mut conn, &keys, &first, rows + 10).await;
 
@@ -673,13 +841,14 @@ async fn a_redis_that_may_evict_is_not_asked_until_its_policy_is_noeviction_agai
         .await
         .expect("CONFIG SET");
     for p in [&a, &b] {
-        eventually("checks answered by Redis", Duration::from_secs(10), || {
+        eventually("checks answered by Redis", SETTLE, || {
             checks_redis(p, absent)
         })
         .await;
     }
 
-    // And set wrong again: no longer asked, at once on the next poll.
+    // And set wrong again: no longer asked, from each instance's next poll on (each
+    // polls on its own clock: wait for both).
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory-policy")
@@ -687,26 +856,24 @@ async fn a_redis_that_may_evict_is_not_asked_until_its_policy_is_noeviction_agai
         .query_async(&mut conn)
         .await
         .expect("CONFIG SET");
-    eventually("b fails open again", Duration::from_secs(10), || async {
-        b.get(&format!("/api/products/{absent}")).await.stage() == "fail-open"
-    })
-    .await;
+    for p in [&a, &b] {
+        wait_value(
+            "Redis no longer asked",
+            SETTLE,
+            || async { filter_status(p).await["redis"].clone() },
+            |redis| redis["checked"] == false,
+        )
+        .await;
+    }
+    let r = b.get(&format!("/api/products/{absent}")).await;
+    assert_eq!((r.status.as_u16(), r.stage()), (404, "fail-open"));
     let r = a.get(&format!("/api/products/{absent}")).await;
     assert_eq!(r.stage(), "intercepted");
-    assert_eq!(filter_status(&a).await["redis"]["checked"], false);
 }
 
 /// GET `path` on the admin plane (`admin`) or the data plane of `bin`.
 async fn bin_get(client: &HttpClient, bin: &Bloomgate, admin: bool, path: &str) -> Reply {
-    let addr = if admin { bin.admin } else { bin.data };
-    client
-        .send(
-            Method::GET,
-            &format!("http://{addr}{path}"),
-            &[],
-            Bytes::new(),
-        )
-        .await
+    bin_get_at(client, if admin { bin.admin } else { bin.data }, path).await
 }
 
 /// The `products` filter as `bin`'s `/admin/filters` and `/admin/fleet` show it.
@@ -751,10 +918,11 @@ async fn one_copy(client: &HttpClient, bins: &[&Bloomgate], limit: Duration) -> 
     }
 }
 
-/// Every instance in `bins` refuses `absent` and serves `present`.
+/// Every instance in `bins` refuses `absent` (with Redis's answer, where it is asked)
+/// and serves `present`.
 async fn all_gate(client: &HttpClient, bins: &[&Bloomgate], absent: u64, present: u64) {
     for b in bins {
-        let r = bin_get(client, b, false, &format!("/api/products/{absent}")).await;
+        let r = answered(client, b.data, b.admin, &format!("/api/products/{absent}")).await;
         assert_eq!((r.status.as_u16(), r.stage()), (404, "intercepted"));
         let r = bin_get(client, b, false, &format!("/api/products/{present}")).await;
         assert_eq!(r.status.as_u16(), 200);
@@ -787,13 +955,10 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
     one_copy(&client, &[&a], Duration::from_secs(60)).await;
     let keys = HeldKeys::new("takeover", "products");
     let mut conn = redis.conn().await;
-    let first = held_layout(&mut conn, &keys, 0, Duration::from_secs(30)).await;
+    let first = held_layout(&mut conn, &keys, 0, SETTLE).await;
     let b = Bloomgate::serve(&toml("b"), &[]).await;
     let c = Bloomgate::serve(&toml("c"), &[]).await;
-    assert_eq!(
-        one_copy(&client, &[&a, &b, &c], Duration::from_secs(30)).await,
-        0
-    );
+    assert_eq!(one_copy(&client, &[&a, &b, &c], SETTLE).await, 0);
     let absent = refused_key(&mut conn, &keys, &first, rows + 10).await;
     all_gate(&client, &[&a, &b, &c], absent, demo_sku(5)).await;
     // A key the source does not hold, admitted on a follower: only the generations to
@@ -814,13 +979,13 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
     // expires, loads the last generation the fleet published (no scan of the source),
     // and writes a new generation of the copy in Redis; the other still holds none.
     a.signal("KILL");
-    assert_eq!(a.wait_exit(Duration::from_secs(10)).await, None);
+    assert_eq!(a.wait_exit(SETTLE).await, None);
     all_gate(&client, &[&b, &c], absent, demo_sku(6)).await;
     let survivors = [&b, &c];
-    let nb = one_copy(&client, &survivors, Duration::from_secs(20)).await;
+    let nb = one_copy(&client, &survivors, SETTLE).await;
     let (_, state) = bin_state(&client, survivors[nb]).await;
     assert_eq!(state["last_load"]["reason"], "published", "{state}");
-    let second = held_layout(&mut conn, &keys, first.generation, Duration::from_secs(20)).await;
+    let second = held_layout(&mut conn, &keys, first.generation, SETTLE).await;
     all_gate(&client, &survivors, absent, demo_sku(7)).await;
     // The new builder's generation holds the admitted key (from the stream, replayed on
     // the generation it loaded).
@@ -841,20 +1006,16 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
         .query_async(&mut conn)
         .await
         .expect("SET lease");
-    eventually(
-        "the builder drops its copy",
-        Duration::from_secs(10),
-        || async {
-            let states = [bin_state(&client, &b).await, bin_state(&client, &c).await];
-            states
-                .iter()
-                .all(|(role, f)| role == "follower" && f["holds_copy"] == false)
-        },
-    )
+    eventually("the builder drops its copy", SETTLE, || async {
+        let states = [bin_state(&client, &b).await, bin_state(&client, &c).await];
+        states
+            .iter()
+            .all(|(role, f)| role == "follower" && f["holds_copy"] == false)
+    })
     .await;
     all_gate(&client, &survivors, absent, demo_sku(8)).await;
-    one_copy(&client, &survivors, Duration::from_secs(20)).await;
-    let third = held_layout(&mut conn, &keys, second.generation, Duration::from_secs(20)).await;
+    one_copy(&client, &survivors, SETTLE).await;
+    let third = held_layout(&mut conn, &keys, second.generation, SETTLE).await;
     all_gate(&client, &survivors, absent, demo_sku(9)).await;
     assert!(
         in_redis(&mut conn, &keys, &third, admitted).await,
@@ -873,13 +1034,10 @@ async fn an_admission_that_has_not_reached_redis_is_let_through_by_the_instance_
     let redis = TestRedis::start(&redis_bin).await;
     let a = TestProxy::spawn(&config(&db, &redis, "unwritten", "a", rows).toml()).await;
     a.wait_ready(Duration::from_secs(60)).await;
-    eventually("a builds", Duration::from_secs(10), || async {
-        role(&a).await == "builder"
-    })
-    .await;
+    eventually("a builds", SETTLE, || async { role(&a).await == "builder" }).await;
     let keys = HeldKeys::new("unwritten", "products");
     let mut admin = redis.conn().await;
-    let layout = held_layout(&mut admin, &keys, 0, Duration::from_secs(30)).await;
+    let layout = held_layout(&mut admin, &keys, 0, SETTLE).await;
     // `b` runs as a user that may not set bits nor append to the change stream: its
     // admissions reach neither the copy in Redis nor the builder.
     let mut rule: Vec<String> = documented_acl("fleet.md", "bloomgate")
@@ -893,7 +1051,7 @@ async fn an_admission_that_has_not_reached_redis_is_let_through_by_the_instance_
         &held_config(&db, &url, "unwritten", "b", rows, ", local_copy = false").toml(),
     )
     .await;
-    b.wait_ready(Duration::from_secs(30)).await;
+    b.wait_ready(SETTLE).await;
     assert_eq!(filter_status(&b).await["holds_copy"], false);
 
     for n in 0..5 {
@@ -926,9 +1084,13 @@ async fn an_admission_that_has_not_reached_redis_is_let_through_by_the_instance_
         let r = a.get(&format!("/api/products/{added}")).await;
         assert_eq!(r.stage(), "intercepted");
     }
-    let failed = b
-        .metric("bloomgate_filter_redis_writes_total{filter=\"products\",kind=\"admission\",result=\"error\"}")
-        .await;
-    assert!(failed >= 5.0, "{failed}");
+    // Each admission's write runs in a task of its own: wait for the fifth to fail.
+    wait_value(
+        "five failed admission writes",
+        SETTLE,
+        || b.metric("bloomgate_filter_redis_writes_total{filter=\"products\",kind=\"admission\",result=\"error\"}"),
+        |failed| *failed >= 5.0,
+    )
+    .await;
     assert_eq!(filter_status(&b).await["redis"]["recent_admissions"], 5);
 }

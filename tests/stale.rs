@@ -18,18 +18,22 @@ fn path(sku: u64) -> String {
     format!("/api/products/{sku}")
 }
 
-fn config(db: &TestDb, stub: &StubUpstream, route: TestRoute) -> String {
+/// The proxy's config, with the cache's `ttl`. An answer that must expire during a test
+/// either lives by a `ttl` of 1 s or carries `Cache-Control: max-age=1`; one that must
+/// still be fresh when the test reads it back lives by a `ttl` of an hour, so that no
+/// pause of a loaded machine between storing and reading it can expire it first.
+fn config(db: &TestDb, stub: &StubUpstream, route: TestRoute, ttl: &str) -> String {
     TestConfig::new(&db.url)
         .upstream(&stub.url())
         .expected_items(100)
         .false_positive_rate(0.001)
-        .cache("ttl = \"1s\"")
+        .cache(format!("ttl = \"{ttl}\""))
         .route(route)
         .toml()
 }
 
-/// Asks for `sku` until it is no longer a fresh hit (its TTL of about a second ended);
-/// returns that reply.
+/// Asks for `sku` until it is no longer a fresh hit (its lifetime of about a second
+/// ended); returns that reply.
 async fn first_after_expiry(proxy: &TestProxy, sku: u64) -> Reply {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -54,9 +58,11 @@ async fn a_failing_upstream_is_covered_by_stale_entries_only_where_the_rules_all
         &db,
         &stub,
         TestRoute::upstream("products", "/api/products/{id}"),
+        "1h",
     ))
     .await;
-    // Each product cached with its own Cache-Control; whether it may be served stale.
+    // Each product cached with its own Cache-Control (each lives a second); whether it
+    // may be served stale.
     let cases: [(&str, bool); 7] = [
         ("max-age=1", true),
         ("max-age=1, stale-if-error=0", false),
@@ -109,7 +115,8 @@ async fn a_failing_upstream_is_covered_by_stale_entries_only_where_the_rules_all
         .await;
     assert!(served >= 2.0, "{served} stale answers counted");
 
-    // The upstream is back: the next request refreshes the entry, then it is a hit.
+    // The upstream is back: the next request refreshes the entry (no Cache-Control now:
+    // it lives by the hour-long ttl), then it is a hit.
     stub.state.fail_with_500.store(false, Ordering::SeqCst);
     eventually("a fresh answer", Duration::from_secs(30), || async {
         let r = proxy.get(&path(demo_sku(0))).await;
@@ -127,7 +134,7 @@ async fn a_route_can_turn_stale_if_error_off() {
     let stub = StubUpstream::start((0..100).map(demo_sku)).await;
     let route =
         TestRoute::upstream("products", "/api/products/{id}").field("stale_if_error = \"0s\"");
-    let proxy = TestProxy::spawn_ready(&config(&db, &stub, route)).await;
+    let proxy = TestProxy::spawn_ready(&config(&db, &stub, route, "1s")).await;
     let r = proxy.get(&path(demo_sku(1))).await;
     assert_eq!((r.status.as_u16(), r.stage()), (200, "miss"));
     stub.state.fail_with_500.store(true, Ordering::SeqCst);
@@ -147,10 +154,14 @@ async fn within_stale_while_revalidate_the_old_answer_goes_at_once_and_one_refre
     let stub = StubUpstream::start((0..100).map(demo_sku)).await;
     let route = TestRoute::upstream("products", "/api/products/{id}")
         .field("stale_while_revalidate = \"1h\"");
-    let proxy = TestProxy::spawn_ready(&config(&db, &stub, route)).await;
+    let proxy = TestProxy::spawn_ready(&config(&db, &stub, route, "1h")).await;
     let sku = demo_sku(2);
+    // The first answer lives a second; the refreshed one, without Cache-Control, an hour:
+    // it cannot expire before the test reads it back and set off a second refresh.
+    stub.answer_with(&[("cache-control", "max-age=1")]);
     let r = proxy.get(&path(sku)).await;
     assert_eq!((r.status.as_u16(), r.stage()), (200, "miss"));
+    stub.answer_with(&[]);
     let before = stub.hits();
     // The first request after expiry: the old answer, and a refresh behind it. The
     // upstream holds nothing, so the refresh may finish at any time: what follows is
@@ -163,7 +174,7 @@ async fn within_stale_while_revalidate_the_old_answer_goes_at_once_and_one_refre
         r.text()
     );
     assert!(r.headers.contains_key("age"));
-    eventually("the refreshed entry", Duration::from_secs(10), || async {
+    eventually("the refreshed entry", Duration::from_secs(30), || async {
         proxy.get(&path(sku)).await.stage() == "hit"
     })
     .await;

@@ -14,12 +14,26 @@ use support::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn config(db_url: &str, upstream: &str, expected: u64) -> String {
+/// The upstream timeout and the header-read timeout of the test that is about each:
+/// short, so the test is quick.
+const SHORT_TIMEOUT: &str = "500ms";
+const SHORT_HEADER_TIMEOUT: &str = "1s";
+
+/// Both timeouts in every other test: long enough that no upstream call, and no pause
+/// of the client between two requests on a kept-alive connection, reaches them on a
+/// loaded machine (the stub answers at once; the client's pool would send a request on
+/// a connection the proxy is closing). How long calls take is measured by the load
+/// benchmarks (docs/BENCHMARKS.md), not here.
+const TIMEOUT: &str = "30s";
+
+/// The config with this upstream timeout and header-read timeout.
+fn config(db_url: &str, upstream: &str, expected: u64, timeouts: (&str, &str)) -> String {
+    let (upstream_timeout, header_read_timeout) = timeouts;
     TestConfig::new(db_url)
-        .server("header_read_timeout = \"1s\"")
+        .server(format!("header_read_timeout = \"{header_read_timeout}\""))
         .server("max_body_bytes = 65536")
         .upstream(upstream)
-        .upstream_field("timeout = \"500ms\"")
+        .upstream_field(format!("timeout = \"{upstream_timeout}\""))
         .expected_items(expected)
         .filter("load_retry_initial = \"100ms\"")
         .filter("load_retry_max = \"500ms\"")
@@ -34,7 +48,7 @@ async fn upstream_origin_caches_found_keys_and_keeps_absent_ones_away() {
     const N: u64 = 5_000;
     let db = TestDb::create_heavy(&server, N).await;
     let stub = StubUpstream::start((0..N).map(demo_sku)).await;
-    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), N)).await;
+    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), N, (TIMEOUT, TIMEOUT))).await;
 
     let present = demo_sku(3);
     let r = proxy
@@ -54,7 +68,8 @@ async fn upstream_origin_caches_found_keys_and_keeps_absent_ones_away() {
     assert_eq!((r.status.as_u16(), r.stage()), (200, "hit"));
     assert_eq!(stub.hits(), 1);
 
-    // 100 concurrent misses for one key: one upstream request.
+    // 100 concurrent misses for one key: one upstream request. (Coalesced or served
+    // from the entry the first one stored, whichever the timing gives: either way, one.)
     let key = demo_sku(4);
     let client = proxy.client().clone();
     let url = format!("http://{}/api/product/info?sku_id={key}", proxy.data);
@@ -129,7 +144,8 @@ async fn slow_upstream_answers_504() {
     // The slow route's keys are the delay in ms; make a minute a present key.
     db.insert_product(60_000).await;
     let stub = StubUpstream::start([]).await;
-    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), 100)).await;
+    let proxy =
+        TestProxy::spawn_ready(&config(&db.url, &stub.url(), 100, (SHORT_TIMEOUT, TIMEOUT))).await;
     let started = Instant::now();
     let r = proxy.get("/slow/60000").await;
     let took = started.elapsed();
@@ -146,7 +162,13 @@ async fn fails_open_while_the_database_is_down_and_recovers_without_restart() {
     let db = TestDb::create(&server, N).await;
     let relay = Relay::start(host_port(&server)).await;
     let stub = StubUpstream::start((0..N).map(demo_sku)).await;
-    let proxy = TestProxy::spawn(&config(&db.url_via(relay.addr), &stub.url(), N)).await;
+    let proxy = TestProxy::spawn(&config(
+        &db.url_via(relay.addr),
+        &stub.url(),
+        N,
+        (TIMEOUT, TIMEOUT),
+    ))
+    .await;
 
     let r = proxy.admin_get("/readyz").await;
     assert_eq!(r.status.as_u16(), 503, "{}", r.text());
@@ -189,7 +211,7 @@ async fn fails_open_while_the_database_is_down_and_recovers_without_restart() {
 
     // Let a few load attempts fail, then bring the database up: the loader retries
     // with backoff and the gate becomes ready without a restart.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while proxy
         .metric("bloomgate_filter_loads_total{filter=\"products\",result=\"error\"}")
         .await
@@ -224,7 +246,7 @@ async fn pass_through_forwards_bodies_and_headers_both_ways() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 10).await;
     let stub = StubUpstream::start([]).await;
-    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), 10)).await;
+    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), 10, (TIMEOUT, TIMEOUT))).await;
 
     let body: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
     let r = proxy
@@ -316,14 +338,22 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     let Some(server) = mysql_url() else { return };
     let db = TestDb::create(&server, 10).await;
     let stub = StubUpstream::start([]).await;
-    let proxy = TestProxy::spawn_ready(&config(&db.url, &stub.url(), 10)).await;
+    let proxy = TestProxy::spawn_ready(&config(
+        &db.url,
+        &stub.url(),
+        10,
+        (TIMEOUT, SHORT_HEADER_TIMEOUT),
+    ))
+    .await;
+    // Taken before the connection exists, so the proxy's clock for it cannot have
+    // started earlier: a late wake-up of this task can only make the wait look longer.
+    let started = Instant::now();
     let mut conn = tokio::net::TcpStream::connect(proxy.data)
         .await
         .expect("connect");
     conn.write_all(b"GET /api/product/info?sku_id=1 HTTP/1.1\r\nHost: x\r\n")
         .await
         .expect("write");
-    let started = Instant::now();
     let mut buf = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(30), conn.read_to_end(&mut buf)).await;
     assert!(

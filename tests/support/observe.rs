@@ -121,3 +121,32 @@ impl TestDb {
             .expect("read MAX(id)")
     }
 }
+
+/// Reads a value with `read` every 20 ms until `done` holds for it, and returns that
+/// value; fails the test after `limit`, naming what was awaited and the last value read.
+/// The condition is what the test waits for; `limit` only bounds a hang, so give it room
+/// for a loaded machine (tens of seconds).
+pub async fn wait_value<T, F, Fut>(
+    what: &str,
+    limit: Duration,
+    mut read: F,
+    done: impl Fn(&T) -> bool,
+) -> T
+where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        let value = read().await;
+        if done(&value) {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}; last read {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
