@@ -18,6 +18,7 @@ pub mod membership;
 pub mod metrics;
 pub mod redis_held;
 pub mod sync;
+mod verdict;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -465,18 +465,7 @@ impl Pipeline {
         let mut bytes = KeyBytes::new();
         let verdict = match route.mode {
             RouteMode::Off => Verdict::MaybePresent,
-            RouteMode::Enforce | RouteMode::Shadow => {
-                let b = bytes.of(&key);
-                let local = route.filter.check(b);
-                match route.filter.held() {
-                    // Boxed: only refusals of a filter held in Redis wait on it, and
-                    // every other request's future should not carry that state.
-                    Some(held) if local != Verdict::MaybePresent => {
-                        Box::pin(route.filter.ask_held(held, b, local)).await
-                    }
-                    _ => local,
-                }
-            }
+            RouteMode::Enforce | RouteMode::Shadow => route.filter.verdict(bytes.of(&key)).await,
         };
         let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
         if verdict == Verdict::Absent && !shadow_absent {
