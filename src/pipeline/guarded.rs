@@ -2,6 +2,10 @@
 //! cache → origin → response, each stage able to answer and stop, and what each request
 //! is counted as. Routing has matched the route already (`route`); which requests take
 //! this path, and the access log, are the handler's (`pipeline`).
+//!
+//! Past the gate a request is a [`Guarded`]: the facts its stages read more than once
+//! (its key, whether it carries credentials, what the gate's verdict makes it count as,
+//! the client's address) are worked out there once, and each stage is a method of it.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -20,7 +24,7 @@ use crate::gate::Verdict;
 use crate::key::{KeyBytes, KeyError, NormKey, normalize};
 use crate::origin::http_cache;
 use crate::origin::{CachedResponse, OriginError, Variant};
-use crate::pipeline::budget::Allowance;
+use crate::pipeline::budget::{Allowance, Budget};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::outcome::Outcome;
 
@@ -35,6 +39,9 @@ pub struct GuardedRequest<'r> {
     pub headers: &'r HeaderMap,
     /// The socket peer.
     pub peer: IpAddr,
+    /// The client's address, when the handler has worked it out already (for the access
+    /// log or the outcome header), so that the pipeline does not work it out again.
+    pub client: Option<IpAddr>,
 }
 
 impl Pipeline {
@@ -69,7 +76,8 @@ impl Pipeline {
     }
 
     /// The pipeline for one guarded request: the stage that answered, the outcome to
-    /// count, and the response.
+    /// count, and the response. The gate answers here; the stages past it are
+    /// [`Guarded`]'s.
     async fn decide(
         &self,
         route: &GuardedRoute,
@@ -97,56 +105,204 @@ impl Pipeline {
             // Short-circuit: the key is certainly absent; no cache, no origin.
             return Ok(Answer::by(Outcome::Intercepted, not_found()));
         }
-        let counting = Counting {
-            failing_open: verdict == Verdict::Unavailable,
-            shadow_absent,
-        };
         let cache_key = CacheKey {
             route: route.id,
             key: key.to_owned_key(),
             variant: variant(query.forwarded, route.origin.forward_headers(), req.headers),
         };
-        let credentials = http_cache::has_credentials(req.headers);
-        match self.cache.lookup(&cache_key).await {
+        let request = Guarded {
+            pipeline: self,
+            route,
+            req,
+            credentials: http_cache::has_credentials(req.headers),
+            counting: Counting {
+                failing_open: verdict == Verdict::Unavailable,
+                shadow_absent,
+            },
+            client: req.client,
+            key,
+        };
+        request.look_up(cache_key).await
+    }
+}
+
+/// One guarded request the gate let through, on its way through the cache and the
+/// origin: what every stage past the gate reads, worked out once.
+struct Guarded<'a> {
+    pipeline: &'a Pipeline,
+    route: &'a GuardedRoute,
+    req: &'a GuardedRequest<'a>,
+    /// The key, normalised.
+    key: NormKey<'a>,
+    /// Whether the request carries credentials (they keep it from shared answers).
+    credentials: bool,
+    /// What the gate's verdict makes the request count as.
+    counting: Counting,
+    /// The client's address, once a stage has needed it (see [`Guarded::client`]).
+    client: Option<IpAddr>,
+}
+
+impl<'a> Guarded<'a> {
+    /// The cache stage: an entry answers, a stale one (or none) sends the request on to
+    /// the origin.
+    async fn look_up(self, cache_key: CacheKey) -> Result<Answer, ProxyError> {
+        let credentials = self.credentials;
+        match self.pipeline.cache.lookup(&cache_key).await {
             Lookup::Hit(cached) if !credentials || cached.with_credentials => {
-                let resp = replay(cached, req.headers);
-                return Ok(self.count(route, &key, counting, Outcome::CacheHit, true, resp));
+                let resp = replay(cached, self.req.headers);
+                return Ok(self.count(Outcome::CacheHit, true, resp));
             }
             Lookup::NegativeHit => {
-                let resp = not_found();
-                return Ok(self.count(route, &key, counting, Outcome::NegativeHit, false, resp));
+                return Ok(self.count(Outcome::NegativeHit, false, not_found()));
             }
             Lookup::Stale(cached) if !credentials || cached.with_credentials => {
-                return Box::pin(self.through_origin(
-                    route,
-                    &key,
-                    req,
-                    cache_key,
-                    credentials,
-                    counting,
-                    Some(cached),
-                ))
-                .await;
+                return Box::pin(self.through_origin(cache_key, Some(cached))).await;
             }
             Lookup::Hit(_) | Lookup::Stale(_) | Lookup::Miss => {}
         }
         // Boxed: the origin call and the coalesced load are most of this future's state,
         // and every request's future is moved whole at least once, so the paths that
         // never reach the origin should not carry that state.
-        Box::pin(self.through_origin(route, &key, req, cache_key, credentials, counting, None))
-            .await
+        Box::pin(self.through_origin(cache_key, None)).await
+    }
+
+    /// The part of the pipeline past a cache miss: the false-positive budget, then the
+    /// origin through the coalesced (or, with credentials, private) load. A stale entry
+    /// answers instead while its windows allow.
+    async fn through_origin(
+        mut self,
+        cache_key: CacheKey,
+        stale: Option<CachedResponse>,
+    ) -> Result<Answer, ProxyError> {
+        let now = Instant::now();
+        let past = stale.as_ref().and_then(|s| s.staleness(now));
+        if let (Some(entry), Some(past)) = (&stale, past)
+            && past < entry.meta.stale.while_revalidate
+        {
+            // Within stale-while-revalidate: answer now, refresh behind.
+            self.revalidate_in_background(cache_key);
+            return Ok(self.serve_stale(entry, now));
+        }
+        // Past this point the request needs the origin, unless another request's load
+        // answers it. A client that has used up its false-positive budget waits.
+        if let Some(throttled) = self.over_budget() {
+            return Ok(throttled);
+        }
+        let loaded = self.load(&cache_key, stale.is_some()).await;
+        if let (Loaded::Failed { error, .. }, Some(entry), Some(past)) = (&loaded, &stale, past)
+            && past < entry.meta.stale.if_error
+        {
+            // Within stale-if-error: the copy beats an error.
+            tracing::debug!(route = %self.route.label, key = %cache_key.key, error = %error,
+                "origin failed; serving the stale entry");
+            return Ok(self.serve_stale(entry, now));
+        }
+        self.loaded(loaded, &cache_key)
+    }
+
+    /// The 429 for a client that has used up its false-positive budget, if it has.
+    fn over_budget(&mut self) -> Option<Answer> {
+        let (budget, ip) = self.budget()?;
+        let Allowance::Exhausted { retry_after_secs } = budget.check(ip) else {
+            return None;
+        };
+        tracing::debug!(route = %self.route.label, client = %ip, "false-positive budget exhausted");
+        let resp = error_response(ProxyError::BudgetExhausted { retry_after_secs });
+        Some(Answer::by(Outcome::Throttled, resp))
+    }
+
+    /// Asks the origin through the cache: a refresh of a stale entry, a private load
+    /// for a request with credentials, the coalesced load otherwise.
+    async fn load(&self, cache_key: &CacheKey, refresh: bool) -> Loaded {
+        let route = self.route;
+        let fetch = async {
+            let t = Instant::now();
+            let fetched = route
+                .origin
+                .fetch(&cache_key.key, cache_key.variant.as_deref())
+                .await;
+            // A call the origin's guard refused never reached the origin: it is counted
+            // in the origin's own metrics, not as an origin call of the route.
+            match &fetched {
+                Err(OriginError::Refused { .. }) => {}
+                Err(_) => {
+                    route.metrics.observe_origin(t.elapsed());
+                    route.metrics.origin_error();
+                }
+                Ok(_) => route.metrics.observe_origin(t.elapsed()),
+            }
+            fetched
+        };
+        // Taken before the origin is asked: an admission of this key from here on means a
+        // "not found" may predate the key's row, and must not be kept.
+        let fence = route.filter.fence(&self.key);
+        let negative = Negative {
+            ttl: route.negative_ttl,
+            still_absent: &|| fence.holds(),
+        };
+        let cache = &self.pipeline.cache;
+        if refresh {
+            cache
+                .refresh(cache_key.clone(), negative, fetch, false)
+                .await
+        } else if self.credentials {
+            cache.load_private(cache_key.clone(), negative, fetch).await
+        } else {
+            cache.load(cache_key.clone(), negative, fetch).await
+        }
+    }
+
+    /// The answer for what the origin (or another request's load) said.
+    fn loaded(mut self, loaded: Loaded, cache_key: &CacheKey) -> Result<Answer, ProxyError> {
+        match loaded {
+            Loaded::Found { response, leader } => {
+                let outcome = if leader {
+                    Outcome::OriginFound
+                } else {
+                    Outcome::CacheHit
+                };
+                let resp = replay(response, self.req.headers);
+                Ok(self.count(outcome, true, resp))
+            }
+            Loaded::NotFound { leader } => {
+                let Counting {
+                    failing_open,
+                    shadow_absent,
+                } = self.counting;
+                if leader && !failing_open && !shadow_absent {
+                    tracing::debug!(route = %self.route.label, key = %cache_key.key, "false positive: negative entry stored");
+                }
+                let outcome = if leader {
+                    if let Some((budget, ip)) = self.budget() {
+                        budget.record(ip);
+                    }
+                    Outcome::FalsePositive
+                } else {
+                    Outcome::NegativeHit
+                };
+                Ok(self.count(outcome, false, not_found()))
+            }
+            Loaded::Failed { error, .. } => Err(ProxyError::from(error)),
+        }
+    }
+
+    /// A stale entry as the answer, counted as such.
+    fn serve_stale(&self, entry: &CachedResponse, now: Instant) -> Answer {
+        let resp = replay_stale(entry.clone(), self.req.headers, now);
+        self.count(Outcome::Stale, true, resp)
     }
 
     /// Refreshes a stale entry in a task of its own, unless a refresh of it runs already;
     /// the request that asked has been answered with the stale entry.
-    fn revalidate_in_background(&self, route: &GuardedRoute, cache_key: CacheKey) {
+    fn revalidate_in_background(&self, cache_key: CacheKey) {
+        let route = self.route;
         // Requests for a hot stale key arrive by the thousand: one task refreshes it.
-        let Some(claim) = self.cache.claim_refresh(&cache_key) else {
+        let Some(claim) = self.pipeline.cache.claim_refresh(&cache_key) else {
             return;
         };
         let origin = Arc::clone(&route.origin);
         let filter = Arc::clone(&route.filter);
-        let cache = self.cache.clone();
+        let cache = self.pipeline.cache.clone();
         let negative_ttl = route.negative_ttl;
         let label = Arc::clone(&route.label);
         tokio::spawn(async move {
@@ -170,21 +326,13 @@ impl Pipeline {
 
     /// What to count for a request: fail-open and shadow verdicts override the stage
     /// that answered.
-    fn count(
-        &self,
-        route: &GuardedRoute,
-        key: &NormKey<'_>,
-        counting: Counting,
-        served: Outcome,
-        found: bool,
-        response: Response<ProxyBody>,
-    ) -> Answer {
-        if counting.failing_open {
+    fn count(&self, served: Outcome, found: bool, response: Response<ProxyBody>) -> Answer {
+        if self.counting.failing_open {
             return Answer::by(Outcome::FailOpen, response);
         }
-        if counting.shadow_absent {
+        if self.counting.shadow_absent {
             if found {
-                self.false_negative(route, key);
+                self.false_negative();
             }
             return Answer {
                 served,
@@ -195,127 +343,11 @@ impl Pipeline {
         Answer::by(served, response)
     }
 
-    /// The part of the pipeline past a cache miss: the false-positive budget, then the
-    /// origin through the coalesced (or, with credentials, private) load.
-    #[allow(clippy::too_many_arguments)]
-    async fn through_origin(
-        &self,
-        route: &GuardedRoute,
-        key: &NormKey<'_>,
-        req: &GuardedRequest<'_>,
-        cache_key: CacheKey,
-        credentials: bool,
-        counting: Counting,
-        stale: Option<CachedResponse>,
-    ) -> Result<Answer, ProxyError> {
-        let answer = |served: Outcome, found: bool, resp: Response<ProxyBody>| {
-            self.count(route, key, counting, served, found, resp)
-        };
-        let Counting {
-            failing_open,
-            shadow_absent,
-        } = counting;
-        // Past this point the request needs the origin, unless another request's load
-        // answers it. A client that has used up its false-positive budget waits.
-        let client = self
-            .edge
-            .budget
-            .as_ref()
-            .map(|b| (b, self.client(req.peer, req.headers)));
-        let now = Instant::now();
-        let past = stale.as_ref().and_then(|s| s.staleness(now));
-        if let (Some(entry), Some(past)) = (&stale, past)
-            && past < entry.meta.stale.while_revalidate
-        {
-            // Within stale-while-revalidate: answer now, refresh behind.
-            self.revalidate_in_background(route, cache_key);
-            let resp = replay_stale(entry.clone(), req.headers, now);
-            return Ok(answer(Outcome::Stale, true, resp));
-        }
-        if let Some((budget, ip)) = client
-            && let Allowance::Exhausted { retry_after_secs } = budget.check(ip)
-        {
-            tracing::debug!(route = %route.label, client = %ip, "false-positive budget exhausted");
-            let resp = error_response(ProxyError::BudgetExhausted { retry_after_secs });
-            return Ok(Answer::by(Outcome::Throttled, resp));
-        }
-
-        let fetch = async {
-            let t = Instant::now();
-            let fetched = route
-                .origin
-                .fetch(&cache_key.key, cache_key.variant.as_deref())
-                .await;
-            // A call the origin's guard refused never reached the origin: it is counted
-            // in the origin's own metrics, not as an origin call of the route.
-            match &fetched {
-                Err(OriginError::Refused { .. }) => {}
-                Err(_) => {
-                    route.metrics.observe_origin(t.elapsed());
-                    route.metrics.origin_error();
-                }
-                Ok(_) => route.metrics.observe_origin(t.elapsed()),
-            }
-            fetched
-        };
-        // Taken before the origin is asked: an admission of this key from here on means a
-        // "not found" may predate the key's row, and must not be kept.
-        let fence = route.filter.fence(key);
-        let negative = Negative {
-            ttl: route.negative_ttl,
-            still_absent: &|| fence.holds(),
-        };
-        let loaded = if stale.is_some() {
-            self.cache
-                .refresh(cache_key.clone(), negative, fetch, false)
-                .await
-        } else if credentials {
-            self.cache
-                .load_private(cache_key.clone(), negative, fetch)
-                .await
-        } else {
-            self.cache.load(cache_key.clone(), negative, fetch).await
-        };
-        if let (Loaded::Failed { error, .. }, Some(entry), Some(past)) = (&loaded, &stale, past)
-            && past < entry.meta.stale.if_error
-        {
-            // Within stale-if-error: the copy beats an error.
-            tracing::debug!(route = %route.label, key = %cache_key.key, error = %error,
-                "origin failed; serving the stale entry");
-            let resp = replay_stale(entry.clone(), req.headers, now);
-            return Ok(answer(Outcome::Stale, true, resp));
-        }
-        match loaded {
-            Loaded::Found { response, leader } => {
-                let outcome = if leader {
-                    Outcome::OriginFound
-                } else {
-                    Outcome::CacheHit
-                };
-                Ok(answer(outcome, true, replay(response, req.headers)))
-            }
-            Loaded::NotFound { leader } => {
-                if leader && !failing_open && !shadow_absent {
-                    tracing::debug!(route = %route.label, key = %cache_key.key, "false positive: negative entry stored");
-                }
-                let outcome = if leader {
-                    if let Some((budget, ip)) = client {
-                        budget.record(ip);
-                    }
-                    Outcome::FalsePositive
-                } else {
-                    Outcome::NegativeHit
-                };
-                Ok(answer(outcome, false, not_found()))
-            }
-            Loaded::Failed { error, .. } => Err(ProxyError::from(error)),
-        }
-    }
-
     /// Counts a false negative (shadow mode) and logs each key once.
-    fn false_negative(&self, route: &GuardedRoute, key: &NormKey<'_>) {
+    fn false_negative(&self) {
+        let route = self.route;
         route.metrics.false_negative();
-        let owned = key.to_owned_key();
+        let owned = self.key.to_owned_key();
         let mut seen = route
             .logged_false_negatives
             .lock()
@@ -324,6 +356,20 @@ impl Pipeline {
             tracing::error!(route = %route.label, filter = route.filter.name(), key = %owned,
                 "false negative: the filter called this key absent but the origin has it");
         }
+    }
+
+    /// The false-positive budget and the client it is kept for, when one is configured.
+    fn budget(&mut self) -> Option<(&'a Budget, IpAddr)> {
+        let budget = self.pipeline.edge.budget.as_deref()?;
+        Some((budget, self.client()))
+    }
+
+    /// The client's address, worked out the first time a stage asks.
+    fn client(&mut self) -> IpAddr {
+        let (pipeline, req) = (self.pipeline, self.req);
+        *self
+            .client
+            .get_or_insert_with(|| pipeline.client(req.peer, req.headers))
     }
 }
 

@@ -183,7 +183,7 @@ impl Pipeline {
             Some(log) if log.sampled() => {
                 Either::Left(Box::pin(self.handle_logged(log, req, peer)))
             }
-            _ => Either::Right(self.serve(req, peer).map(|(resp, _, _)| resp)),
+            _ => Either::Right(self.serve(req, peer, None).map(|(resp, _, _)| resp)),
         }
     }
 
@@ -201,7 +201,7 @@ impl Pipeline {
             .path_and_query()
             .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
         let client = self.client(peer.ip(), req.headers());
-        let (resp, outcome, route) = self.serve(req, peer).await;
+        let (resp, outcome, route) = self.serve(req, peer, Some(client)).await;
         log.record(&access_log::Entry {
             time: access_log::now(),
             client,
@@ -217,17 +217,20 @@ impl Pipeline {
     }
 
     /// Answers one request; says which stage answered and on which guarded route.
+    /// `client` is the client's address if the caller has worked it out already.
     async fn serve(
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
+        mut client: Option<IpAddr>,
     ) -> (Response<ProxyBody>, &'static str, Option<&str>) {
-        let show = self.shows_outcome(peer.ip(), req.headers());
+        let show = self.shows_outcome(peer.ip(), req.headers(), &mut client);
         if matches!(*req.method(), Method::GET | Method::HEAD) {
             let view = GuardedRequest {
                 uri: req.uri(),
                 headers: req.headers(),
                 peer: peer.ip(),
+                client,
             };
             match self.route(req.uri().path()) {
                 Routing::Guarded(route, path, key) => {
@@ -279,12 +282,15 @@ impl Pipeline {
     /// and allocation tests).
     pub async fn answer_guarded(&self, uri: &Uri) -> Option<Response<ProxyBody>> {
         let headers = HeaderMap::new();
+        let peer = IpAddr::from([127, 0, 0, 1]);
+        let mut client = None;
+        let show = self.shows_outcome(peer, &headers, &mut client);
         let view = GuardedRequest {
             uri,
             headers: &headers,
-            peer: IpAddr::from([127, 0, 0, 1]),
+            peer,
+            client,
         };
-        let show = self.shows_outcome(view.peer, &headers);
         match self.route(uri.path()) {
             Routing::Guarded(route, path, key) => {
                 Some(self.guarded(route, &path[key], &view, show).await.0)
@@ -299,15 +305,21 @@ impl Pipeline {
         client_ip(peer, headers, &self.edge.trusted_proxies)
     }
 
-    /// Whether this client is told which stage answered.
-    fn shows_outcome(&self, peer: IpAddr, headers: &HeaderMap) -> bool {
+    /// Whether this client is told which stage answered. The policy that reads the
+    /// client's address works it out into `client`, unless it is there already.
+    fn shows_outcome(
+        &self,
+        peer: IpAddr,
+        headers: &HeaderMap,
+        client: &mut Option<IpAddr>,
+    ) -> bool {
         match self.edge.outcome_header {
             OutcomeHeaderPolicy::Always => true,
             OutcomeHeaderPolicy::Never => false,
-            OutcomeHeaderPolicy::Trusted => self
-                .edge
-                .outcome_header_clients
-                .contains(self.client(peer, headers)),
+            OutcomeHeaderPolicy::Trusted => {
+                let client = *client.get_or_insert_with(|| self.client(peer, headers));
+                self.edge.outcome_header_clients.contains(client)
+            }
         }
     }
 
