@@ -27,6 +27,7 @@ mod position;
 pub mod redis_held;
 mod status;
 pub mod sync;
+mod verdict;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
