@@ -16,8 +16,9 @@
 //! - [`pattern`]: what the config compiles requests against: canonical request paths
 //!   (`path`), route patterns and query rules (`route`), address ranges (`cidrs`).
 //! - [`cert`]: the data plane's certificate files, read and checked.
-//! - [`config`]: the TOML config, environment overrides, validation, and its compiled
-//!   form (patterns, sizes, header names, address ranges).
+//! - [`config`]: the TOML config (`config::model`, one file per section: server and
+//!   admin, filters, routes, fleet, audit, origins), environment overrides, validation,
+//!   and its compiled form (patterns, sizes, header names, address ranges).
 //! - [`metrics`]: the toolkit every metric family is made with (one call per family,
 //!   shared buckets, `unix_now`).
 //! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming;
@@ -28,34 +29,53 @@
 //!   API (`origin::client` is the pooled HTTP client, `origin::http_cache` the HTTP
 //!   caching rules for upstream answers, `origin::guard` and `origin::breaker` the
 //!   limits and circuit breakers).
-//! - [`cache`]: positive and negative entries, coalesced loading, invalidation.
+//! - [`cache`]: positive and negative entries (`cache::expiry` their lifetimes,
+//!   `cache::weight` their bounds), coalesced loading (`cache::load`), background refresh
+//!   of stale entries (`cache::refresh`), invalidation (`cache::invalidate`).
 //! - [`gate`]: each configured filter (`gate::Filter`): its live membership
-//!   (`gate::membership`), verdict, readiness and capacity; `gate::build` (snapshots,
-//!   full builds, rebuilds), `gate::sync` (incremental sync, the id gaps it reads again,
-//!   and the rows it has read) and `gate::admit`, the one path by which a key becomes
-//!   present; `gate::redis_held`, a filter held in Redis.
-//! - [`fleet`]: several instances sharing their filters through Redis.
+//!   (`gate::membership`), verdict (`gate::verdict`, one call whether the filter is held
+//!   in memory or in Redis) and capacity; `gate::status` (load status and readiness),
+//!   `gate::fence` (a key admitted into the filter, and the fences of origin lookups),
+//!   `gate::position` (where sync stands: watermark, gaps, last poll); `gate::build`
+//!   (snapshots, full builds, rebuilds), `gate::sync` (incremental sync, the id gaps it
+//!   reads again, and the rows it has read) and `gate::admit`, the one path by which a
+//!   key becomes present; `gate::redis_held`, a filter held in Redis.
+//! - [`fleet`]: several instances sharing their filters through Redis; `fleet::run`
+//!   starts its loops, one file each under `fleet/run/`: watcher, supervisor, follower,
+//!   builder, publisher.
 //! - [`audit`]: the gate audits itself: a sample of refused keys asked of their origin
 //!   in the background, found keys admitted at once and judged once sync has covered
 //!   their refusal.
 //!
 //! Top:
-//! - [`pipeline`]: the request handler (`Proxy`) and its stages: `response` (every
-//!   response the proxy makes), `error`, `outcome`, `budget` (the per-client
-//!   false-positive budget), `client` and `forwarded` (who the client is and what the
-//!   next hop is told), `passthrough` and `write_through`.
-//! - [`server`]: the accept loop: its bound on open connections, TLS termination with
-//!   certificate reload, HTTP/1.1, h2 (ALPN) and h2c (prior knowledge), head limits,
-//!   timeouts and graceful shutdown.
+//! - [`pipeline`]: the request handler (`Proxy`: dispatch) and its stages: `route`
+//!   (which guarded route a request is for), `guarded` (gate, cache and origin for one
+//!   guarded request, its facts computed once), `response` (every response the proxy
+//!   makes), `error`, `outcome`, `budget` (the per-client false-positive budget), `client`
+//!   and `forwarded` (who the client is and what the next hop is told), `passthrough`
+//!   and `write_through`.
+//! - [`server`]: the accept loop, its bound on open connections and draining;
+//!   `server::connection` serves one accepted connection (TLS termination with
+//!   certificate reload in `server::tls`, HTTP/1.1, h2 by ALPN and h2c by its preface in
+//!   `server::sniff`, head limits, timeouts, idle and graceful shutdown);
+//!   `server::long_target` is the 414 the server makes itself, knowing nothing of the
+//!   handler; `server::per_core` is serving with one thread per core.
 //! - [`stages`]: the long-lived parts and the assembly of a pipeline over them;
 //!   `stages::Metrics` registers every metric family.
 //! - [`reload`]: applying an edited config; [`admin`]: `/metrics`, `/healthz`, `/readyz`
 //!   and the admin API (`admin::Endpoint` lists what it serves and `admin::ErrorCode`
-//!   every refusal); [`app`]: wiring of all of the above from a config.
+//!   every refusal); [`app`]: wiring of all of the above from a config
+//!   (`app::assemble` builds the stages, `app::sockets` binds the listeners, `app::run`
+//!   serves and shuts down, `app::signals` handles SIGHUP, SIGINT and SIGTERM).
 //!
 //! The command line (`src/main.rs`, `src/cli/`: its grammar in `args`, the demo,
 //! `filter build` and `filter inspect`, `init`, completions and manual pages; see
-//! docs/cli.md) is the only code that prints for a person.
+//! docs/cli.md; `inspect` words a snapshot's summary, `init/` reads a table's metadata per
+//! database kind, decides in `decide` and `plan` and writes in `render`) is the only code
+//! that prints for a person.
+//!
+//! The layers are one crate; `tests/layout.rs` holds the rule: it places every module in
+//! its layer and fails on any import that runs from a lower layer to a higher one.
 
 pub mod access_log;
 pub mod admin;
