@@ -69,9 +69,16 @@ async fn every_request_is_one_json_line_and_sigusr1_reopens_the_file() {
                 .as_u16()
         }
     };
+    // What the client measured for each request of `seen` below, in milliseconds: the
+    // logged duration (request head in to response head out) lies within it.
+    let mut took = Vec::new();
+    let since = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
     let present = format!("/api/products/{}", demo_sku(1));
-    assert_eq!(get(present.clone()).await, 200);
-    assert_eq!(get(present.clone()).await, 200);
+    for _ in 0..2 {
+        let t = Instant::now();
+        assert_eq!(get(present.clone()).await, 200);
+        took.push(since(t));
+    }
     // An absent key the gate refuses: one of its false positives would be answered
     // `miss` (and logged so), so the test asks until the answer says `intercepted`;
     // each false positive asked on the way is one more line, checked below.
@@ -81,6 +88,7 @@ async fn every_request_is_one_json_line_and_sigusr1_reopens_the_file() {
             "/api/products/{}?x=1",
             demo_absent_sku(1 + false_positives.len() as u64)
         );
+        let t = Instant::now();
         let reply = client
             .send(
                 Method::GET,
@@ -89,8 +97,10 @@ async fn every_request_is_one_json_line_and_sigusr1_reopens_the_file() {
                 Bytes::new(),
             )
             .await;
+        let t = since(t);
         assert_eq!(reply.status.as_u16(), 404, "{path}");
         if reply.stage() == "intercepted" {
+            took.push(t);
             break path;
         }
         assert_eq!(reply.stage(), "miss", "{path}");
@@ -100,7 +110,9 @@ async fn every_request_is_one_json_line_and_sigusr1_reopens_the_file() {
             "20 absent keys in a row let through"
         );
     };
+    let t = Instant::now();
     assert_eq!(get("/elsewhere".into()).await, 404);
+    took.push(since(t));
 
     let all: Vec<Value> = lines(&log, 4 + false_positives.len())
         .await
@@ -132,7 +144,8 @@ async fn every_request_is_one_json_line_and_sigusr1_reopens_the_file() {
         (absent.as_str(), 404, "intercepted", "products"),
         ("/elsewhere", 404, "bypass", "-"),
     ];
-    for (line, (path, status, outcome, route)) in seen.iter().zip(expected) {
+    assert_eq!((seen.len(), took.len()), (4, 4));
+    for ((line, (path, status, outcome, route)), took) in seen.iter().zip(expected).zip(took) {
         assert_eq!(
             fields(line),
             (
@@ -146,8 +159,10 @@ async fn every_request_is_one_json_line_and_sigusr1_reopens_the_file() {
         );
         assert_eq!(line["client"], "127.0.0.1", "{line}");
         assert!(
-            line["duration_ms"].as_f64().is_some_and(|d| d >= 0.0),
-            "{line}"
+            line["duration_ms"]
+                .as_f64()
+                .is_some_and(|d| d > 0.0 && d <= took),
+            "{line}: the client measured {took:.3} ms"
         );
         assert!(
             line["time"].as_str().is_some_and(|t| t.ends_with('Z')),

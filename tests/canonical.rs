@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
+use bloomgate::key::KeyError;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
@@ -248,6 +249,36 @@ async fn every_spelling_of_a_guarded_path_is_gated_or_refused() {
     assert!(text.contains("x-bloomgate: bypass"), "{text}");
 }
 
+/// The head and the body of a raw answer (the proxy's error bodies are sent whole).
+fn head_and_body(text: &str) -> (&str, &str) {
+    text.split_once("\r\n\r\n").unwrap_or((text, ""))
+}
+
+/// Checks that the raw answer `text` to `target` is a refusal as docs/responses.md
+/// documents it: 400, `x-bloomgate: error`, a JSON body `{"error": code, "message": …}`
+/// with one of `codes` and a message.
+fn assert_refused(target: &str, text: &str, codes: &[&str]) {
+    let (head, body) = head_and_body(text);
+    assert!(head.starts_with("HTTP/1.1 400 "), "{target}: {text}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("\r\nx-bloomgate: error"), "{target}: {text}");
+    assert!(
+        head.contains("\r\ncontent-type: application/json"),
+        "{target}: {text}"
+    );
+    let json: serde_json::Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("{target}: the body is not JSON ({e}): {text}"));
+    let code = json["error"].as_str().unwrap_or_default();
+    assert!(codes.contains(&code), "{target}: code {code:?}: {text}");
+    let message = json["message"].as_str().unwrap_or_default();
+    assert!(!message.trim().is_empty(), "{target}: {text}");
+    assert_eq!(
+        json.as_object().map(|o| o.len()),
+        Some(2),
+        "{target}: {text}"
+    );
+}
+
 /// `n` random values of `strategy` (each case is an HTTP request to the real proxy, so
 /// they are drawn up front and sent one by one; a failing assertion prints the request).
 fn cases<S: Strategy>(strategy: &S, n: usize) -> Vec<S::Value> {
@@ -311,10 +342,19 @@ async fn random_spellings_of_an_intercepted_key_never_reach_the_upstream() {
             target.push('/');
         }
         let (status, text) = raw_get(rig.proxy.data, &target).await;
-        assert!(
-            (status == 404 && text.contains("x-bloomgate: intercepted")) || status == 400,
-            "{target}: {text}"
-        );
+        if status == 400 {
+            assert_refused(
+                &target,
+                &text,
+                &["non_canonical_path", "key_not_canonical", "bad_path"],
+            );
+        } else {
+            assert_eq!(status, 404, "{target}: {text}");
+            assert!(
+                text.contains("x-bloomgate: intercepted"),
+                "{target}: {text}"
+            );
+        }
     }
     assert_eq!(rig.stub.hits(), hits);
 }
@@ -360,7 +400,15 @@ async fn random_queries_never_mix_two_keys() {
         let q = pairs.join("&");
         let r = rig.proxy.get(&format!("/api/product/info?{q}")).await;
         if ambiguous {
+            // The documented refusal, naming the route's key parameter.
+            let refusal = KeyError::Ambiguous("sku_id".into());
             assert_eq!(r.status.as_u16(), 400, "{q}");
+            assert_eq!(r.stage(), "error", "{q}");
+            assert_eq!(
+                r.json(),
+                serde_json::json!({"error": refusal.code(), "message": refusal.to_string()}),
+                "{q}"
+            );
         } else {
             assert_eq!(r.status.as_u16(), 200, "{q}: {}", r.text());
             assert_eq!(r.json()["sku_id"], k, "{q}: another key's answer");

@@ -791,6 +791,11 @@ fn read_snapshot(bytes: &[u8]) -> Result<Result<Snapshot, SnapshotError>, TestCa
         (Err(a), Err(b)) => {
             prop_assert_eq!(a.to_string(), b.to_string());
             prop_assert!(!a.to_string().is_empty());
+            // A cut file is reported with its own size and more than that as needed.
+            if let SnapshotError::Truncated { expected, actual } = a {
+                prop_assert_eq!(*actual, bytes.len() as u64, "{}", a);
+                prop_assert!(expected > actual, "{}", a);
+            }
         }
         _ => prop_assert!(
             false,
@@ -800,6 +805,41 @@ fn read_snapshot(bytes: &[u8]) -> Result<Result<Snapshot, SnapshotError>, TestCa
         ),
     }
     Ok(read)
+}
+
+/// Bytes before the header proper: the magic, the format version and the header length.
+const PREAMBLE_LEN: usize = MAGIC.len() + 8;
+
+/// The refusal the reader's first checks give for `bytes`, in their documented order,
+/// when one of them applies: a start that is not the magic (a file shorter than the
+/// magic need only start like it), then a file too short for the version and header
+/// length, then a version other than [`FORMAT_VERSION`]. `None` once these pass.
+fn early_refusal(bytes: &[u8]) -> Option<String> {
+    let seen = bytes.len().min(MAGIC.len());
+    if bytes[..seen] != MAGIC[..seen] {
+        return Some(SnapshotError::BadMagic.to_string());
+    }
+    if bytes.len() < PREAMBLE_LEN {
+        return Some("truncated".to_owned());
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    (version != FORMAT_VERSION).then(|| SnapshotError::UnsupportedVersion(version).to_string())
+}
+
+/// Checks that `read` is the refusal [`early_refusal`] names for `bytes`, if it names one.
+fn check_early_refusal(
+    bytes: &[u8],
+    read: &Result<Snapshot, SnapshotError>,
+) -> Result<(), TestCaseError> {
+    match (early_refusal(bytes), read) {
+        (None, _) => {}
+        (Some(want), Err(e @ SnapshotError::Truncated { .. })) => {
+            prop_assert_eq!(want, "truncated", "{:?}", e)
+        }
+        (Some(want), Err(e)) => prop_assert_eq!(want, e.to_string()),
+        (Some(want), Ok(_)) => prop_assert!(false, "accepted, not refused: {}", want),
+    }
+    Ok(())
 }
 
 /// Checks an accepted snapshot against the bytes it was read from: the filter holds
@@ -824,6 +864,23 @@ fn check_accepted(snap: &Snapshot, bytes: &[u8]) -> Result<(), TestCaseError> {
         .chunks_exact(8)
         .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
     prop_assert!(snap.filter.iter_words().eq(words));
+    Ok(())
+}
+
+/// Checks that `snap`, written again by the public writer, reads back as the same filter
+/// and watermark (the header's own length and the creation time may differ).
+fn check_round_trip(snap: &Snapshot) -> Result<(), TestCaseError> {
+    let params = snap.filter.params();
+    let dir = TempDir::new().expect("create a temp dir");
+    let path = dir.path().join("again.snap");
+    snapshot::write(&path, &snap.filter, snap.watermark).expect("write it again");
+    let again = snapshot::read(&path);
+    let again = again.map_err(|e| TestCaseError::fail(format!("written again, refused: {e}")))?;
+    prop_assert_eq!(again.filter.params(), params);
+    prop_assert_eq!(again.filter.seed(), snap.filter.seed());
+    prop_assert_eq!(again.filter.items(), snap.filter.items());
+    prop_assert!(again.filter.iter_words().eq(snap.filter.iter_words()));
+    prop_assert_eq!(&again.watermark, &snap.watermark);
     Ok(())
 }
 
@@ -1037,6 +1094,7 @@ proptest! {
     fn arbitrary_bytes_are_refused(bytes in vec(any::<u8>(), 0..1024)) {
         let read = read_snapshot(&bytes)?;
         prop_assert!(read.is_err(), "{} random bytes were accepted", bytes.len());
+        check_early_refusal(&bytes, &read)?;
     }
 
     #[test]
@@ -1044,6 +1102,7 @@ proptest! {
         let bytes = [&MAGIC[..], &rest].concat();
         let read = read_snapshot(&bytes)?;
         prop_assert!(read.is_err());
+        check_early_refusal(&bytes, &read)?;
     }
 
     #[test]
@@ -1080,11 +1139,37 @@ proptest! {
         if let Ok(snap) = read_snapshot(&bytes)? {
             check_accepted(&snap, &bytes)?;
             if snap.filter.params().hashes <= 64 {
-                // Still a working filter, though its answers may differ: its words changed.
-                for i in 0..SAMPLE {
-                    snap.filter.contains(&sample_key(i));
+                // Still a working filter, though its answers may differ (its words
+                // changed): an answer does not change by asking again, and a key added
+                // to it is there from then on.
+                let keys: Vec<Vec<u8>> = (0..SAMPLE).step_by(8).map(sample_key).collect();
+                for key in &keys {
+                    let before = snap.filter.contains(key);
+                    prop_assert_eq!(snap.filter.contains(key), before, "{:?}", damages);
+                    snap.filter.insert(key);
+                    prop_assert!(snap.filter.contains(key), "{:?}: lost {:?}", damages, key);
                 }
+                prop_assert!(keys.iter().all(|key| snap.filter.contains(key)));
             }
+        }
+    }
+}
+
+proptest! {
+    // Each accepted case writes and syncs a file: fewer cases.
+    #![proptest_config(ProptestConfig::with_cases(SNAPSHOT_CASES / 10))]
+
+    #[test]
+    fn accepted_snapshots_write_back_as_they_read(
+        damages in vec(damage(), 0..3),
+        sealed in any::<bool>(),
+    ) {
+        let mut bytes = damages.iter().fold(original().bytes.clone(), damaged);
+        if sealed {
+            reseal(&mut bytes);
+        }
+        if let Ok(snap) = read_snapshot(&bytes)? {
+            check_round_trip(&snap)?;
         }
     }
 }
