@@ -48,7 +48,7 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const MIGRATIONS: &[(i64, &str, &str)] = &[(
     20261202000000,
     "products",
-    include_str!("../migrations/20261202000000_products.sql"),
+    include_str!("../../../migrations/20261202000000_products.sql"),
 )];
 
 /// A connection pool to the origin database; the URL scheme chose the backend.

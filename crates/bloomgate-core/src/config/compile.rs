@@ -28,17 +28,28 @@ use forwarding::compile_forwarding;
 /// A config that passed every rule, and everything decided from it. Only
 /// [`Config::compile`] makes one, so what it holds is consistent: every route's and
 /// write-through rule's filter is in [`Compiled::filters`], every upstream origin has
-/// [`Compiled::upstream`], every sql origin has `[database]`.
+/// [`Compiled::upstream`], every sql origin has `[database]`. Its fields are open to
+/// the stages that take it apart; `non_exhaustive` keeps anything outside this crate
+/// from putting one together.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Compiled {
-    pub(crate) config: Config,
-    pub(crate) upstream: Option<CompiledUpstream>,
-    pub(crate) filters: Vec<CompiledFilter>,
-    pub(crate) routes: Vec<CompiledRoute>,
-    pub(crate) write_through: Vec<CompiledWriteThrough>,
-    pub(crate) trusted_proxies: Cidrs,
-    pub(crate) outcome_header_clients: Cidrs,
-    pub(crate) tls: Option<CompiledTls>,
+    /// The config it was compiled from.
+    pub config: Config,
+    /// `[upstream]`, when configured.
+    pub upstream: Option<CompiledUpstream>,
+    /// The filters, in name order.
+    pub filters: Vec<CompiledFilter>,
+    /// The guarded routes, in match order.
+    pub routes: Vec<CompiledRoute>,
+    /// The write-through rules, in match order.
+    pub write_through: Vec<CompiledWriteThrough>,
+    /// `server.trusted_proxies`.
+    pub trusted_proxies: Cidrs,
+    /// `server.outcome_header_clients`.
+    pub outcome_header_clients: Cidrs,
+    /// `[server.tls]` with its certificate read, when configured.
+    pub tls: Option<CompiledTls>,
 }
 
 impl Compiled {

@@ -86,7 +86,7 @@ impl Config {
         Self::load_compiled(path).map(Compiled::into_config)
     }
 
-    /// As [`Config::load`], keeping what validation compiled, for [`crate::App::build`].
+    /// As [`Config::load`], keeping what validation compiled, for `bloomgate::App::build`.
     pub fn load_compiled(path: &Path) -> Result<Compiled, ConfigError> {
         if !path.exists() {
             return Err(ConfigError::Parse(format!(

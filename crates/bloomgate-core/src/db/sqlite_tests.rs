@@ -62,7 +62,7 @@ async fn migrations_apply_once_and_are_idempotent() -> Result<(), DbError> {
 
 #[test]
 fn every_file_in_migrations_is_embedded_verbatim() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
     let mut on_disk: Vec<(i64, String, String)> = std::fs::read_dir(&dir)
         .expect("read migrations/")
         .map(|entry| {

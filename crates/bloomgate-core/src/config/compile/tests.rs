@@ -7,7 +7,7 @@ use super::super::*;
 use crate::filter::BloomParams;
 
 /// The example config shipped at the repository root.
-const EXAMPLE: &str = include_str!("../../../config.toml");
+const EXAMPLE: &str = include_str!("../../../../../config.toml");
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("an address")
