@@ -7,7 +7,8 @@
 //! Three layers; a module imports only from its own layer's lower modules and from the
 //! layers below it.
 //!
-//! Bottom (imports nothing above it):
+//! Bottom (imports nothing above it): the workspace crate `bloomgate-core`
+//! (`crates/bloomgate-core/`), re-exported here module by module under the same names.
 //! - [`key`]: key normalisation (`key::Normalize`, re-exported by the config), shared by
 //!   requests and the filter loader.
 //! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits);
@@ -74,8 +75,12 @@
 //! database kind, decides in `decide` and `plan` and writes in `render`) is the only code
 //! that prints for a person.
 //!
-//! The layers are one crate; `tests/layout.rs` holds the rule: it places every module in
-//! its layer and fails on any import that runs from a lower layer to a higher one.
+//! The compiler holds the bottom layer: `bloomgate-core` does not depend on this crate,
+//! so nothing in it can name a module above it. The middle and the top are this one
+//! crate, and `tests/layout.rs` holds the rule between them: it places every module in
+//! its layer, fails on any import that runs from a lower layer to a higher one, and
+//! checks that the core crate declares exactly the bottom layer and this crate
+//! re-exports all of it.
 
 pub use bloomgate_core::{
     access_log, cert, config, db, filter, key, metrics, notify, pattern, serving, watermark,

@@ -1,9 +1,16 @@
-//! The module graph has no import loops: reading the sources under `src/` (the library,
-//! not the command line), every `crate::` path a module's code names (tests aside) is an
-//! edge to the module that defines the item, and the graph of those edges between files
-//! is acyclic. A module and its own submodules are one unit here (a parent re-exporting
-//! its child's items and the child using its parent's is how Rust modules are built),
-//! so the check is between modules that are not nested in each other.
+//! The module graph has no import loops: reading the sources of the library (`src/`,
+//! not the command line) and of the crate its bottom layer lives in
+//! (`crates/bloomgate-core/src/`, whose modules the library re-exports under the same
+//! names), every `crate::` path a module's code names (tests aside) is an edge to the
+//! module that defines the item, and the graph of those edges between files is acyclic.
+//! A module and its own submodules are one unit here (a parent re-exporting its child's
+//! items and the child using its parent's is how Rust modules are built), so the check is
+//! between modules that are not nested in each other.
+//!
+//! The layers: the bottom is the `bloomgate-core` crate, and the compiler keeps it from
+//! importing anything above it; this test checks that the crate holds exactly the bottom
+//! layer and that the library re-exports all of it, and itself holds the rule between
+//! the middle and the top, which are one crate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -182,18 +189,34 @@ fn nested(a: &str, b: &str) -> bool {
         || b.starts_with(&format!("{a}::"))
 }
 
+/// The library's sources.
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The sources of the crate that holds the bottom layer.
+fn core_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/bloomgate-core/src")
+}
+
 fn graph() -> BTreeMap<Module, BTreeSet<Module>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
     let mut sources = BTreeMap::new();
-    for file in files {
-        let Some(module) = module_of(&src, &file) else {
-            continue;
-        };
-        let code = strip(&std::fs::read_to_string(&file).expect("read source"));
-        let items = public_items(&code);
-        sources.insert(module, Source { code, items });
+    for root in [core_src(), src()] {
+        let mut files = Vec::new();
+        rust_files(&root, &mut files);
+        for file in files {
+            let Some(module) = module_of(&root, &file) else {
+                continue;
+            };
+            // The core crate's root only declares its modules, which the library's root
+            // re-exports.
+            if module.is_empty() && root == core_src() {
+                continue;
+            }
+            let code = strip(&std::fs::read_to_string(&file).expect("read source"));
+            let items = public_items(&code);
+            sources.insert(module, Source { code, items });
+        }
     }
     let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
     for (module, source) in &sources {
@@ -307,7 +330,8 @@ fn paths_in_braces_resolve_to_the_defining_file() {
 }
 
 /// The layers of the library, bottom first: a module may import from its own layer and
-/// the layers below it, never from a layer above (lib.rs's `# Layout` names them).
+/// the layers below it, never from a layer above (lib.rs's `# Layout` names them). The
+/// bottom layer is the `bloomgate-core` crate.
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "bottom",
@@ -382,10 +406,86 @@ fn the_checker_sees_an_import_that_runs_up() {
         .get_mut("key")
         .expect("key module")
         .insert("pipeline::outcome".into());
+    edges
+        .get_mut("gate::verdict")
+        .expect("gate::verdict module")
+        .insert("pipeline::outcome".into());
     let up = upward(&edges);
     assert_eq!(
         up,
-        ["key (bottom) imports pipeline::outcome (top)"],
+        [
+            "gate::verdict (middle) imports pipeline::outcome (top)",
+            "key (bottom) imports pipeline::outcome (top)",
+        ],
         "{up:?}"
+    );
+}
+
+/// The modules a crate root declares (`pub mod name;` or `mod name;`).
+fn declared_modules(lib: &str) -> BTreeSet<String> {
+    strip(lib)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let l = l.strip_prefix("pub ").unwrap_or(l);
+            l.strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned)
+        })
+        .collect()
+}
+
+/// The modules `lib` re-exports from the core crate (`pub use bloomgate_core::{a, b};`
+/// or one `pub use bloomgate_core::a;` each).
+fn reexported_modules(lib: &str) -> BTreeSet<String> {
+    let code = strip(lib);
+    let mut out = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(i) = rest.find("pub use bloomgate_core::") {
+        let after = &rest[i + "pub use bloomgate_core::".len()..];
+        let end = path_end(after);
+        expand("", &after[..end], &mut out);
+        rest = &after[end..];
+    }
+    out.into_iter().collect()
+}
+
+#[test]
+fn the_core_crate_is_the_bottom_layer_and_the_library_re_exports_it() {
+    let read = |dir: PathBuf| std::fs::read_to_string(dir.join("lib.rs")).expect("read lib.rs");
+    let bottom: BTreeSet<String> = LAYERS[0].1.iter().map(|m| (*m).to_owned()).collect();
+    let declared = declared_modules(&read(core_src()));
+    assert_eq!(
+        declared, bottom,
+        "the modules crates/bloomgate-core/src/lib.rs declares are the bottom layer"
+    );
+    let reexported = reexported_modules(&read(src()));
+    assert_eq!(
+        reexported, bottom,
+        "src/lib.rs re-exports every module of the bottom layer from bloomgate_core"
+    );
+    // Nothing of the bottom layer is left in the library's own sources.
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let stray: Vec<Module> = files
+        .iter()
+        .filter_map(|f| module_of(&src(), f))
+        .filter(|m| layer(m) == Some(0))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "bottom-layer modules under src/ (they belong in crates/bloomgate-core/src/): {stray:?}"
+    );
+}
+
+#[test]
+fn module_lists_are_read_from_declarations_and_re_exports() {
+    assert_eq!(
+        declared_modules("//! Doc.\n\npub mod a;\nmod b;\n#[cfg(test)]\nmod tests;\n"),
+        BTreeSet::from(["a".to_owned(), "b".to_owned()])
+    );
+    assert_eq!(
+        reexported_modules(
+            "pub use bloomgate_core::{\n    a, b,\n};\npub use bloomgate_core::c;\n"
+        ),
+        BTreeSet::from(["a".to_owned(), "b".to_owned(), "c".to_owned()])
     );
 }
