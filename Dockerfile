@@ -3,6 +3,8 @@
 # Build stage: the release binary, with the versions pinned by Cargo.lock.
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
+# The whole workspace: the bloomgate package at the root, crates/bloomgate-core beside
+# it, and migrations/, which the core crate embeds.
 COPY . .
 # The registry and target caches survive between builds; the binary is stripped on its
 # way out of the cache mount (its symbols and line tables stay in the build cache), so

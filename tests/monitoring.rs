@@ -261,7 +261,7 @@ const TLS_METRICS: &str = "bloomgate_tls_";
 const TLS_GROUP: &str = "bloomgate-tls";
 
 /// The metric family names bloomgate declares: every `"bloomgate_..."` string literal in
-/// src/ (metric names are the only such literals).
+/// src/ and crates/bloomgate-core/src/ (metric names are the only such literals).
 fn declared_metric_names() -> BTreeSet<String> {
     fn walk(dir: &Path, out: &mut BTreeSet<String>) {
         for entry in std::fs::read_dir(dir).expect("read src/") {
@@ -286,6 +286,7 @@ fn declared_metric_names() -> BTreeSet<String> {
     }
     let mut names = BTreeSet::new();
     walk(&repo("src"), &mut names);
+    walk(&repo("crates/bloomgate-core/src"), &mut names);
     names
 }
 
