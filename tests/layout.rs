@@ -323,6 +323,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "access_log",
             "notify",
             "serving",
+            "report",
         ],
     ),
     ("middle", &["origin", "cache", "gate", "fleet", "audit"]),
