@@ -101,7 +101,7 @@ pub struct SnapshotInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The file system refused an operation.
-    #[error("cannot {action} snapshot {}: {source}", path.display())]
+    #[error("cannot {action} snapshot {}", path.display())]
     Io {
         /// What was being done, as a verb phrase: `"read"`, `"write"`, `"sync"`, ...
         action: &'static str,

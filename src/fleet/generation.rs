@@ -44,7 +44,7 @@ pub struct Current {
 #[derive(Debug, thiserror::Error)]
 pub enum GenerationError {
     /// Redis failed.
-    #[error("redis: {0}")]
+    #[error("redis")]
     Redis(#[from] redis::RedisError),
     /// This instance no longer holds the lease: it must not publish.
     #[error("the builder lease was lost before publishing")]
@@ -66,7 +66,7 @@ pub enum GenerationError {
         actual: u64,
     },
     /// The bytes are not a valid snapshot (checksum, header, layout).
-    #[error("generation is not a valid snapshot: {0}")]
+    #[error("generation is not a valid snapshot")]
     Snapshot(#[from] SnapshotError),
     /// A valid snapshot that cannot be the fleet's filter.
     #[error("generation is implausible: {0}")]

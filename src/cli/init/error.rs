@@ -29,7 +29,7 @@ pub enum InitError {
         column: String,
     },
     /// The user may not read the table.
-    #[error("no SELECT privilege on table `{table}` (the gate reads its keys): {source}")]
+    #[error("no SELECT privilege on table `{table}` (the gate reads its keys)")]
     NoSelect {
         /// The table.
         table: String,
@@ -90,16 +90,16 @@ pub enum InitError {
     #[error("{0} exists: pass --force to overwrite it")]
     OutputExists(PathBuf),
     /// The database could not be reached (or refused the login).
-    #[error("cannot connect to the database: {0}")]
+    #[error("cannot connect to the database")]
     Connect(#[source] sqlx::Error),
     /// A metadata query failed for another reason than the refusals above.
-    #[error("reading the table's metadata failed: {0}")]
+    #[error("reading the table's metadata failed")]
     Query(#[source] sqlx::Error),
     /// The async runtime could not start.
-    #[error("cannot start the async runtime: {0}")]
+    #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
     /// The config could not be written.
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}")]
     Write {
         /// Where.
         path: PathBuf,
