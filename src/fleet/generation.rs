@@ -71,6 +71,10 @@ pub enum GenerationError {
     /// A valid snapshot that cannot be the fleet's filter.
     #[error("generation is implausible: {0}")]
     Implausible(String),
+    /// The task that decodes the fetched bytes did not finish (it panicked, or the
+    /// runtime is shutting down).
+    #[error("generation is implausible: decoder task failed")]
+    Decoder(#[source] tokio::task::JoinError),
 }
 
 const PUBLISH: &str = r"
@@ -265,7 +269,7 @@ pub async fn fetch(
     }
     let snap = tokio::task::spawn_blocking(move || snapshot::decode_bytes(&bytes))
         .await
-        .map_err(|e| GenerationError::Implausible(format!("decoder task failed: {e}")))??;
+        .map_err(GenerationError::Decoder)??;
     Ok(snap)
 }
 
