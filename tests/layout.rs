@@ -5,8 +5,13 @@
 //! its child's items and the child using its parent's is how Rust modules are built),
 //! so the check is between modules that are not nested in each other.
 
+#[path = "support/sources.rs"]
+mod sources;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use sources::rust_files;
 
 /// A module path such as `pattern::route` ("" for the crate root).
 type Module = String;
@@ -16,17 +21,6 @@ struct Source {
     code: String,
     /// Names of the public items it defines.
     items: BTreeSet<String>,
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 fn module_of(src: &Path, file: &Path) -> Option<Module> {
@@ -323,6 +317,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "access_log",
             "notify",
             "serving",
+            "report",
         ],
     ),
     ("middle", &["origin", "cache", "gate", "fleet", "audit"]),
