@@ -30,6 +30,7 @@ use crate::key::normalize;
 use crate::pipeline::Proxy;
 use crate::pipeline::response;
 use crate::reload::{ReloadError, Reloader};
+use crate::report::Chain;
 use crate::server::Handler;
 use crate::stages::Metrics;
 
@@ -129,7 +130,7 @@ impl Admin {
         );
         let mut buf = Vec::with_capacity(16 * 1024);
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
-            tracing::error!(error = %e, "cannot encode metrics");
+            tracing::error!(error = %Chain(&e), "cannot encode metrics");
             return error(ErrorCode::InternalError, "cannot encode metrics");
         }
         let mut resp = Response::new(Full::new(Bytes::from(buf)));
@@ -233,7 +234,7 @@ impl Admin {
                 };
                 json_response(
                     code.status(),
-                    &json!({"reloaded": false, "error": code.as_str(), "message": e.to_string(), "fields": fields}),
+                    &json!({"reloaded": false, "error": code.as_str(), "message": Chain(&e).to_string(), "fields": fields}),
                 )
             }
         }
@@ -246,12 +247,13 @@ impl Admin {
             Some(fleet) => match fleet.send_rebuild(filter.name()).await {
                 Ok(sent_to) => sent_to,
                 Err(e) => {
-                    tracing::warn!(filter = %filter.name(), error = %e,
+                    tracing::warn!(filter = %filter.name(), error = %Chain(&e),
                         "could not send a rebuild request to the fleet's builder");
                     return error(
                         ErrorCode::FleetUnreachable,
                         &format!(
-                            "this instance follows the filter's builder and could not send it the request through Redis ({e}); try again, or ask the builder"
+                            "this instance follows the filter's builder and could not send it the request through Redis ({}); try again, or ask the builder",
+                            Chain(&e)
                         ),
                     );
                 }

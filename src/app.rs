@@ -40,7 +40,7 @@ pub enum AppError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// A listener could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -52,7 +52,7 @@ pub enum AppError {
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
     /// Fleet mode could not be set up (a Redis URL the client refuses).
-    #[error("fleet: {0}")]
+    #[error("fleet")]
     Fleet(#[from] crate::fleet::FleetError),
     /// Fleet mode needs `[database]`.
     #[error("fleet mode needs [database]")]
@@ -62,7 +62,7 @@ pub enum AppError {
     #[error(transparent)]
     Assemble(#[from] AssembleError),
     /// Metric registration failed (a name clash: a bug).
-    #[error("metrics: {0}")]
+    #[error("metrics")]
     Metrics(#[from] prometheus::Error),
     /// The TLS server config could not be made from the certificate.
     #[error(transparent)]

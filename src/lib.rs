@@ -24,6 +24,7 @@
 //!   shared buckets, `unix_now`).
 //! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming;
 //!   [`access_log`], [`notify`] (what the process tells systemd), [`serving`].
+//! - [`report`]: an error printed for a person or a log, with every cause below it.
 //!
 //! Middle (each stage with its metrics beside it, in its `metrics` module):
 //! - [`origin`]: what answers a key the gate let through: SQL lookups and the upstream
@@ -95,6 +96,7 @@ pub mod gate;
 pub mod origin;
 pub mod pipeline;
 pub mod reload;
+pub mod report;
 pub mod server;
 pub mod stages;
 

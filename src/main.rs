@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use bloomgate::config::{Compiled, Config, LogFormat};
+use bloomgate::report::Chain;
 mod cli;
 
 use bloomgate::{App, reload_on_sighup, shutdown_signal};
@@ -36,7 +37,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("{}: {e}", config.display());
+                eprintln!("{}: {}", config.display(), Chain(&e));
                 ExitCode::from(EXIT_CONFIG)
             }
         },
@@ -44,7 +45,7 @@ fn main() -> ExitCode {
             let compiled = match Config::load_compiled(&config) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{}: {e}", config.display());
+                    eprintln!("{}: {}", config.display(), Chain(&e));
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
@@ -62,7 +63,7 @@ fn main() -> ExitCode {
                 let cfg = match Config::load(&config) {
                     Ok(c) => c,
                     Err(e) => {
-                        eprintln!("{}: {e}", config.display());
+                        eprintln!("{}: {}", config.display(), Chain(&e));
                         return ExitCode::from(EXIT_CONFIG);
                     }
                 };
@@ -125,8 +126,9 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "bloomgate stopped with an error");
-            eprintln!("error: {e:#}");
+            let chain = Chain(e.as_ref());
+            tracing::error!(error = %chain, "bloomgate stopped with an error");
+            eprintln!("error: {chain}");
             if e.downcast_ref::<bloomgate::config::ConfigError>().is_some() {
                 ExitCode::from(EXIT_CONFIG)
             } else {

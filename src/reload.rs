@@ -25,6 +25,7 @@ use crate::gate::{Filter, Reconfigure};
 use crate::origin::guard::OriginGuard;
 use crate::pipeline::Proxy;
 use crate::reload::metrics::{ReloadMetrics, ReloadResult};
+use crate::report::Chain;
 use crate::stages::{AssembleError, Stages};
 
 /// Why a reload changed nothing.
@@ -154,7 +155,7 @@ impl Reloader {
         });
         match &result {
             Ok(changes) => tracing::info!(changes = ?changes, "configuration reloaded"),
-            Err(e) => tracing::error!(error = %e,
+            Err(e) => tracing::error!(error = %Chain(e),
                 "configuration reload refused; the configuration in force keeps serving"),
         }
         result

@@ -35,6 +35,7 @@ pub use metrics::ConnectionMetrics;
 pub use per_core::{ServingRuntimes, bind_reuseport, serve_per_core};
 pub use tls::Tls;
 
+use crate::report::Chain;
 use connection::Listener;
 
 /// Something that answers requests.
@@ -202,7 +203,7 @@ async fn accept_loop<H: Handler>(
             Ok(pair) => pair,
             Err(e) => {
                 // Usually EMFILE or a reset during accept: back off briefly and go on.
-                tracing::warn!(listener = name, error = %e, "accept failed");
+                tracing::warn!(listener = name, error = %Chain(&e), "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -226,7 +227,7 @@ async fn accept_loop<H: Handler>(
             counted.inc();
         }
         if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(listener = name, error = %e, "cannot set TCP_NODELAY");
+            tracing::debug!(listener = name, error = %Chain(&e), "cannot set TCP_NODELAY");
         }
         tokio::spawn(connection::run(
             Arc::clone(&shared),

@@ -12,8 +12,13 @@
 //! layer and that the library re-exports all of it, and itself holds the rule between
 //! the middle and the top, which are one crate.
 
+#[path = "support/sources.rs"]
+mod sources;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use sources::rust_files;
 
 /// A module path such as `pattern::route` ("" for the crate root).
 type Module = String;
@@ -23,17 +28,6 @@ struct Source {
     code: String,
     /// Names of the public items it defines.
     items: BTreeSet<String>,
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 fn module_of(src: &Path, file: &Path) -> Option<Module> {
@@ -347,6 +341,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "access_log",
             "notify",
             "serving",
+            "report",
         ],
     ),
     ("middle", &["origin", "cache", "gate", "fleet", "audit"]),

@@ -15,6 +15,7 @@ use super::App;
 use super::sockets::DataSockets;
 use crate::pipeline::{Proxy, ProxyBody};
 use crate::reload::Reloader;
+use crate::report::Chain;
 use crate::server::{self, Handler, ServeOptions, Transport};
 
 /// Most admin-plane connections open at once: scrapers and operators, kept apart from
@@ -122,7 +123,7 @@ impl App {
         let _ = stop_tx.send(true);
         while let Some(done) = servers.join_next().await {
             if let Err(e) = done {
-                tracing::error!(error = %e, "server task failed");
+                tracing::error!(error = %Chain(&e), "server task failed");
             }
         }
         if let Some(fleet) = &fleet {

@@ -2,6 +2,7 @@
 //! down. The service manager hears of each reload.
 
 use crate::reload::Reloader;
+use crate::report::Chain;
 
 /// Reloads the configuration on every SIGHUP until the process ends: the one place
 /// SIGHUP is handled. A refused reload is logged and counted by [`Reloader::reload`].
@@ -18,7 +19,7 @@ pub async fn reload_on_sighup(reloader: Reloader) {
                 crate::notify::ready();
             }
         }
-        Err(e) => tracing::error!(error = %e, "cannot listen for SIGHUP; reloads are off"),
+        Err(e) => tracing::error!(error = %Chain(&e), "cannot listen for SIGHUP; reloads are off"),
     }
     #[cfg(not(unix))]
     let _ = reloader;
@@ -28,7 +29,7 @@ pub async fn reload_on_sighup(reloader: Reloader) {
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for SIGINT");
+            tracing::error!(error = %Chain(&e), "cannot listen for SIGINT");
             std::future::pending::<()>().await;
         }
     };
@@ -39,7 +40,7 @@ pub async fn shutdown_signal() {
                 s.recv().await;
             }
             Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                tracing::error!(error = %Chain(&e), "cannot listen for SIGTERM");
                 std::future::pending::<()>().await;
             }
         }

@@ -26,6 +26,7 @@ use crate::gate::Verdict;
 use crate::gate::admit::{Admit, Forget};
 use crate::key::{KeyBytes, OwnedKey};
 use crate::origin::{Fetched, OriginError};
+use crate::report::Chain;
 
 /// How often the found keys are looked at for a decision.
 const DECIDE_EVERY: Duration = Duration::from_millis(250);
@@ -170,6 +171,6 @@ pub(super) fn due(w: &Watch, now: Instant, fleet: bool) -> bool {
 }
 
 fn log_error(s: &Sample, e: &OriginError) {
-    tracing::debug!(route = %s.route, filter = s.filter.name(), key = %s.key, error = %e,
+    tracing::debug!(route = %s.route, filter = s.filter.name(), key = %s.key, error = %Chain(e),
         "audit: the origin could not be asked about a refused key");
 }

@@ -23,6 +23,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use bloomgate::report::Chain;
+
 use super::args::InitArgs;
 
 pub use decide::{
@@ -52,25 +54,10 @@ pub fn main(args: InitArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("bloomgate init: {}", chain(&e));
+            eprintln!("bloomgate init: {}", Chain(&e));
             ExitCode::from(e.exit_code())
         }
     }
-}
-
-/// The error and its causes, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let next = c.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 async fn run(args: &InitArgs) -> Result<(), InitError> {

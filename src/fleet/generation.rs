@@ -44,7 +44,7 @@ pub struct Current {
 #[derive(Debug, thiserror::Error)]
 pub enum GenerationError {
     /// Redis failed.
-    #[error("redis: {0}")]
+    #[error("redis")]
     Redis(#[from] redis::RedisError),
     /// This instance no longer holds the lease: it must not publish.
     #[error("the builder lease was lost before publishing")]
@@ -66,11 +66,15 @@ pub enum GenerationError {
         actual: u64,
     },
     /// The bytes are not a valid snapshot (checksum, header, layout).
-    #[error("generation is not a valid snapshot: {0}")]
+    #[error("generation is not a valid snapshot")]
     Snapshot(#[from] SnapshotError),
     /// A valid snapshot that cannot be the fleet's filter.
     #[error("generation is implausible: {0}")]
     Implausible(String),
+    /// The task that decodes the fetched bytes did not finish (it panicked, or the
+    /// runtime is shutting down).
+    #[error("generation is implausible: decoder task failed")]
+    Decoder(#[source] tokio::task::JoinError),
 }
 
 const PUBLISH: &str = r"
@@ -265,7 +269,7 @@ pub async fn fetch(
     }
     let snap = tokio::task::spawn_blocking(move || snapshot::decode_bytes(&bytes))
         .await
-        .map_err(|e| GenerationError::Implausible(format!("decoder task failed: {e}")))??;
+        .map_err(GenerationError::Decoder)??;
     Ok(snap)
 }
 

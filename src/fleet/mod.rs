@@ -36,6 +36,7 @@ use crate::fleet::metrics::FleetMetrics;
 use crate::gate::admit::Admit;
 use crate::gate::{Filter, RebuildReason};
 use crate::key::OwnedKey;
+use crate::report::Chain;
 use change::{Change, Entry};
 use generation::Current;
 use keys::Keys;
@@ -49,7 +50,7 @@ const RECENT_KEYS: usize = 256;
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     /// The Redis URL or client settings were refused, or a Redis call failed.
-    #[error("redis: {0}")]
+    #[error("redis")]
     Redis(#[from] redis::RedisError),
 }
 
@@ -255,7 +256,7 @@ impl Fleet {
     /// call (a timeout under load) does not make Redis count as down: the watcher's
     /// check decides, so a filter is not sent off on its own by a single slow reply.
     fn redis_failed(&self, what: &str, e: &redis::RedisError) {
-        tracing::debug!(during = what, error = %e, "fleet Redis call failed; checking Redis");
+        tracing::debug!(during = what, error = %Chain(e), "fleet Redis call failed; checking Redis");
         self.recheck.notify_one();
     }
 
@@ -263,7 +264,7 @@ impl Fleet {
     fn redis_down(&self, e: &redis::RedisError) {
         if self.redis_up.swap(false, Ordering::AcqRel) {
             self.set_held_up(false);
-            tracing::warn!(error = %e, "lost the fleet's Redis; each filter goes on alone until it is back");
+            tracing::warn!(error = %Chain(e), "lost the fleet's Redis; each filter goes on alone until it is back");
             self.metrics.set_redis_up(false);
             self.changed.notify_waiters();
         }
@@ -315,7 +316,7 @@ impl Fleet {
                 self.metrics.entries("applied", 1);
             }
             Err(e) => {
-                tracing::warn!(position = %at, error = %e, "refused a change stream entry");
+                tracing::warn!(position = %at, error = %Chain(&e), "refused a change stream entry");
                 self.metrics.entries("rejected", 1);
             }
         }

@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use super::lease;
 use super::stream;
 use super::{Fleet, lock};
+use crate::report::Chain;
 
 impl Fleet {
     /// Runs every fleet loop until aborted (its tasks are aborted with it).
@@ -39,7 +40,7 @@ impl Fleet {
             if let Err(e) = done
                 && e.is_panic()
             {
-                tracing::error!(error = %e, "a fleet task panicked");
+                tracing::error!(error = %Chain(&e), "a fleet task panicked");
             }
         }
     }
@@ -60,7 +61,7 @@ impl Fleet {
                         tracing::info!(filter = %m.name, "builder lease released");
                     }
                     Ok(false) => {}
-                    Err(e) => tracing::warn!(filter = %m.name, error = %e,
+                    Err(e) => tracing::warn!(filter = %m.name, error = %Chain(&e),
                         "could not release the builder lease; it expires on its own"),
                 }
             }

@@ -21,19 +21,20 @@ use crate::filter::snapshot;
 use crate::filter::{BloomFilter, BloomParams};
 use crate::key::{KeyBytes, OwnedKey, normalize};
 use crate::metrics::unix_now;
+use crate::report::Chain;
 use crate::watermark::Watermark;
 
 /// Why a build failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The filter could not be sized.
-    #[error("cannot size the filter: {0}")]
+    #[error("cannot size the filter")]
     Params(#[from] crate::filter::FilterError),
     /// A query failed.
-    #[error("source query failed: {0}")]
+    #[error("source query failed")]
     Db(#[from] crate::db::DbError),
     /// The operating system's random source failed (no seed can be drawn).
-    #[error("cannot draw a random seed: {0}")]
+    #[error("cannot draw a random seed")]
     Seed(#[from] rand::rand_core::OsError),
 }
 
@@ -59,7 +60,7 @@ impl Filter {
         if !warm {
             let mut delay = config.load_retry_initial;
             while let Err(e) = self.build_once(&db, RebuildReason::Startup).await {
-                tracing::warn!(filter = %self.name, error = %e, retry_in_ms = delay.as_millis() as u64,
+                tracing::warn!(filter = %self.name, error = %Chain(&e), retry_in_ms = delay.as_millis() as u64,
                     "filter load failed; requests fail open until it succeeds");
                 tokio::time::sleep(jitter(delay)).await;
                 delay = (delay * 2).min(self.config().load_retry_max);
@@ -74,7 +75,7 @@ impl Filter {
             let reason = self.next_rebuild().await;
             tracing::info!(filter = %self.name, reason = reason.as_str(), "rebuilding; the current filter keeps serving");
             if let Err(e) = self.build_once(&db, reason).await {
-                tracing::error!(filter = %self.name, error = %e, reason = reason.as_str(),
+                tracing::error!(filter = %self.name, error = %Chain(&e), reason = reason.as_str(),
                     "rebuild failed; the previous filter keeps serving");
             }
         }
@@ -187,13 +188,13 @@ impl Filter {
                 return false;
             }
             Ok(Err(e)) => {
-                tracing::warn!(filter = %self.name, path = %path.display(), error = %e,
+                tracing::warn!(filter = %self.name, path = %path.display(), error = %Chain(&e),
                     "snapshot rejected; building from the source instead");
                 self.metrics.snapshot_load(false);
                 return false;
             }
             Err(e) => {
-                tracing::error!(filter = %self.name, error = %e, "snapshot reader task failed");
+                tracing::error!(filter = %self.name, error = %Chain(&e), "snapshot reader task failed");
                 return false;
             }
         };
@@ -297,7 +298,7 @@ impl Filter {
                     s.reason = Some(reason);
                     s.finished_at = Some(now);
                     s.duration_ms = Some(took.as_millis() as u64);
-                    s.error = Some(e.to_string());
+                    s.error = Some(Chain(e).to_string());
                     s.consecutive_failures += 1;
                     s.loading = false;
                 });
@@ -331,7 +332,7 @@ impl Filter {
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(filter = %self.name, error = %e, "cannot count the source; sizing from capacity");
+                tracing::warn!(filter = %self.name, error = %Chain(&e), "cannot count the source; sizing from capacity");
             }
         }
         let params = BloomParams::optimal(capacity, self.config().false_positive_rate)?;
@@ -402,10 +403,10 @@ impl Filter {
             }
             Ok(Err(e)) => {
                 self.metrics.snapshot_write(false);
-                tracing::error!(filter = %self.name, path = %shown, error = %e, "snapshot write failed");
+                tracing::error!(filter = %self.name, path = %shown, error = %Chain(&e), "snapshot write failed");
             }
             Err(e) => {
-                tracing::error!(filter = %self.name, error = %e, "snapshot writer task failed")
+                tracing::error!(filter = %self.name, error = %Chain(&e), "snapshot writer task failed")
             }
         }
     }

@@ -30,6 +30,7 @@ use super::redis_held::{self, HeldError, HeldKeys, Layout, Scripts, Upload};
 use crate::config::HeldConfig;
 use crate::filter::BloomFilter;
 use crate::gate::metrics::FilterMetrics;
+use crate::report::Chain;
 
 /// Admissions recorded during one upload before the recording gives up (and the
 /// generation is written again): a bound on memory, not a limit anyone should reach.
@@ -175,7 +176,7 @@ impl HeldGate {
                         None
                     }
                     Ok(Err(e)) => {
-                        tracing::debug!(filter = %self.name, error = %e, "Redis-held check failed; the local copy answers");
+                        tracing::debug!(filter = %self.name, error = %Chain(&e), "Redis-held check failed; the local copy answers");
                         None
                     }
                     Err(_) => None,
@@ -286,7 +287,7 @@ impl HeldGate {
                     lock(&gate.recent).written(&key, layout.generation);
                 }
                 if let Err(e) = done {
-                    tracing::warn!(filter = %gate.name, generation = layout.generation, error = %e,
+                    tracing::warn!(filter = %gate.name, generation = layout.generation, error = %Chain(&e),
                         "an admission did not reach the filter's Redis-held copy; it is written again with the next generation");
                     gate.stale.store(true, Ordering::Release);
                     if matches!(e, HeldError::Missing { .. }) {
@@ -323,7 +324,7 @@ impl HeldGate {
             match done {
                 Ok(_) => lock(&self.recent).written(&key, layout.generation),
                 Err(e) => {
-                    tracing::debug!(filter = %self.name, error = %e, "an admission is written again on the next poll");
+                    tracing::debug!(filter = %self.name, error = %Chain(&e), "an admission is written again on the next poll");
                     return;
                 }
             }

@@ -110,7 +110,7 @@ return 1
 #[derive(Debug, thiserror::Error)]
 pub enum HeldError {
     /// Redis failed or could not be reached.
-    #[error("redis: {0}")]
+    #[error("redis")]
     Redis(#[from] redis::RedisError),
     /// Redis did not answer within the check timeout.
     #[error("redis did not answer within {0:?}")]

@@ -27,6 +27,7 @@ use crate::db::Db;
 use crate::gate::Filter;
 use crate::key::{KeyBytes, OwnedKey, normalize};
 use crate::metrics::unix_now;
+use crate::report::Chain;
 use crate::watermark::Watermark;
 use seen::{MAX_REMEMBERED_ROWS, SeenRows};
 
@@ -144,7 +145,7 @@ pub async fn poll_once(
         }
         Err(e) => {
             filter.metrics().record_sync(false, 0, unix_now());
-            tracing::warn!(filter = filter.name(), error = %e, "sync poll failed; retrying next interval");
+            tracing::warn!(filter = filter.name(), error = %Chain(&e), "sync poll failed; retrying next interval");
         }
     }
 }

@@ -31,7 +31,7 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 /// chunk, a body cut short, or more bytes than the limit. The mark tells these apart
 /// from failures of the upstream connection, which carry no such error in their chain.
 #[derive(Debug, thiserror::Error)]
-#[error("reading the client's request body failed: {0}")]
+#[error("reading the client's request body failed")]
 pub struct ClientBodyError(#[source] BoxError);
 
 /// The client's body, bounded to `limit` bytes, ready to be sent upstream.
@@ -50,13 +50,13 @@ pub enum UpstreamError {
     #[error("request body exceeds the configured limit")]
     BodyTooLarge,
     /// The client's body could not be read while being forwarded (malformed or cut short).
-    #[error("forwarding the request body failed: {0}")]
+    #[error("forwarding the request body failed")]
     ClientBody(#[source] hyper_util::client::legacy::Error),
     /// Connecting or exchanging failed.
-    #[error("upstream request failed: {0}")]
+    #[error("upstream request failed")]
     Request(#[source] hyper_util::client::legacy::Error),
     /// The configured URL and request path do not form a URI.
-    #[error("cannot build the upstream URI: {0}")]
+    #[error("cannot build the upstream URI")]
     Uri(#[from] http::Error),
 }
 

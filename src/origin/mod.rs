@@ -199,10 +199,10 @@ pub enum OriginError {
     #[error("origin did not answer within {0:?}")]
     Timeout(Duration),
     /// The database could not be reached or no connection was free in time.
-    #[error("database unavailable: {0}")]
+    #[error("database unavailable")]
     DbUnavailable(#[source] DbError),
     /// The lookup query failed.
-    #[error("lookup query failed: {0}")]
+    #[error("lookup query failed")]
     Db(#[source] DbError),
     /// The upstream could not be reached or did not answer in time.
     #[error(transparent)]
@@ -211,13 +211,13 @@ pub enum OriginError {
     #[error("upstream answered {0}")]
     UpstreamStatus(StatusCode),
     /// Reading the upstream body failed or it was too large to cache.
-    #[error("upstream body: {0}")]
+    #[error("upstream body")]
     UpstreamBody(#[source] BoxError),
     /// The upstream's `host:port` is not a valid `Host` header value.
-    #[error("the upstream authority is not a valid Host header: {0}")]
+    #[error("the upstream authority is not a valid Host header")]
     UpstreamHost(#[source] http::header::InvalidHeaderValue),
     /// The row could not be encoded as JSON.
-    #[error("cannot encode the row: {0}")]
+    #[error("cannot encode the row")]
     Encode(#[from] serde_json::Error),
     /// The call was not made: the origin's breaker is open, or no slot came free.
     #[error("{origin} not called: {}", refusal.as_str())]

@@ -14,6 +14,7 @@ use crate::origin::OriginError;
 use crate::origin::client::UpstreamError;
 use crate::origin::guard::Refusal;
 use crate::pipeline::response::ProxyBody;
+use crate::report::Chain;
 
 /// A request that could not be answered normally.
 #[derive(Debug, thiserror::Error)]
@@ -44,14 +45,14 @@ pub enum ProxyError {
     #[error("the request body is malformed or incomplete")]
     BadRequestBody(#[source] UpstreamError),
     /// The origin did not answer in time: 504.
-    #[error("origin timed out: {0}")]
+    #[error("origin timed out")]
     Timeout(#[source] Failure),
     /// The database is down or its pool is exhausted: 503.
-    #[error("origin unavailable: {0}")]
+    #[error("origin unavailable")]
     Unavailable(#[source] Failure),
     /// The origin was not called: its circuit breaker is open (503 with `Retry-After`
     /// until it may be tried again).
-    #[error("origin circuit open: {failure}")]
+    #[error("origin circuit open")]
     CircuitOpen {
         /// Seconds until the breaker lets a call through (at least 1).
         retry_after_secs: u64,
@@ -61,13 +62,13 @@ pub enum ProxyError {
     },
     /// The origin was not called: as many calls as it takes are in flight and the queue
     /// is full or did not move in time (503 with `Retry-After: 1`).
-    #[error("origin overloaded: {0}")]
+    #[error("origin overloaded")]
     Overloaded(#[source] Failure),
     /// The upstream failed or answered badly: 502.
-    #[error("bad gateway: {0}")]
+    #[error("bad gateway")]
     BadGateway(#[source] Failure),
     /// Anything else (a failing lookup query, an encoding error): 500.
-    #[error("internal error: {0}")]
+    #[error("internal error")]
     Internal(#[source] Failure),
 }
 
@@ -124,9 +125,9 @@ impl ProxyError {
     /// Logs a server-side failure once, with its cause; client errors are only traced.
     pub fn log(&self, route: &str) {
         if self.status().is_server_error() {
-            tracing::error!(route, code = self.as_str(), error = %self, "request failed");
+            tracing::error!(route, code = self.as_str(), error = %Chain(self), "request failed");
         } else {
-            let cause = std::error::Error::source(self).map(ToString::to_string);
+            let cause = std::error::Error::source(self).map(|c| Chain(c).to_string());
             tracing::debug!(route, code = self.as_str(), error = %self, cause, "request refused");
         }
     }
@@ -300,7 +301,8 @@ mod tests {
         assert_eq!(err.as_str(), "internal_error");
         // The log line reads as it did when the cause was flattened into the message.
         assert!(
-            err.to_string()
+            Chain(&err)
+                .to_string()
                 .starts_with("internal error: lookup query failed: database query failed: "),
             "{err}"
         );

@@ -27,6 +27,7 @@ use crate::origin::{CachedResponse, OriginError, Variant};
 use crate::pipeline::budget::{Allowance, Budget};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::outcome::Outcome;
+use crate::report::Chain;
 
 /// Most false-negative keys remembered per route for log de-duplication.
 const FALSE_NEGATIVE_LOG_LIMIT: usize = 1024;
@@ -193,7 +194,7 @@ impl<'a> Guarded<'a> {
             && past < entry.meta.stale.if_error
         {
             // Within stale-if-error: the copy beats an error.
-            tracing::debug!(route = %self.route.label, key = %cache_key.key, error = %error,
+            tracing::debug!(route = %self.route.label, key = %cache_key.key, error = %Chain(error),
                 "origin failed; serving the stale entry");
             return Ok(self.serve_stale(entry, now));
         }
@@ -318,7 +319,7 @@ impl<'a> Guarded<'a> {
                 .refresh(cache_key.clone(), negative, fetch, true)
                 .await
             {
-                tracing::debug!(route = %label, key = %cache_key.key, error = %error,
+                tracing::debug!(route = %label, key = %cache_key.key, error = %Chain(&error),
                     "background refresh of a stale entry failed; it is served until its windows end");
             }
         });

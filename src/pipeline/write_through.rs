@@ -21,6 +21,7 @@ use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
 use crate::key::normalize;
 use crate::pattern::route::PathPattern;
+use crate::report::Chain;
 
 /// Largest response body read to find a JSON key field.
 const MAX_JSON_BODY: usize = 1024 * 1024;
@@ -120,7 +121,7 @@ impl WriteThrough {
                 tracing::debug!(filter = self.filter.name(), key = %key.to_owned_key(), "write-through added a key");
             }
             Err(e) => {
-                tracing::warn!(filter = self.filter.name(), error = %e, "write-through: the created key failed normalisation");
+                tracing::warn!(filter = self.filter.name(), error = %Chain(&e), "write-through: the created key failed normalisation");
             }
         }
         resp
@@ -199,7 +200,7 @@ async fn json_key(
     let bytes = match Limited::new(body, MAX_JSON_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            tracing::warn!(error = %e, "write-through: cannot read the upstream body");
+            tracing::warn!(error = %Chain(&*e), "write-through: cannot read the upstream body");
             let mut r = Response::from_parts(parts, Either::Left(Full::new(Bytes::new())));
             *r.status_mut() = StatusCode::BAD_GATEWAY;
             return (None, r);

@@ -26,6 +26,7 @@ use super::metrics::HandshakeFailure;
 use super::sniff::{self, Spoken};
 use super::tls::{self, Tls};
 use super::{ConnectionInfo, ConnectionMetrics, Handler, Protocol, ServeOptions, Transport};
+use crate::report::Chain;
 
 /// What a connection answers with: a refusal made here, or the handler's response.
 pub(super) type ServedBody<B> = Either<Full<Bytes>, B>;
@@ -137,7 +138,7 @@ pub(super) async fn run<H: Handler>(
             serve_http1(&shared, TokioIo::new(io), peer, false, shutdown).await;
         }
         Ok(Err(e)) => {
-            tracing::debug!(listener = name, %peer, error = %e, "connection closed before a request");
+            tracing::debug!(listener = name, %peer, error = %Chain(&e), "connection closed before a request");
         }
         Err(_) => {
             tracing::debug!(listener = name, %peer, "no request within the header read timeout");
@@ -166,7 +167,7 @@ async fn serve_tls<H: Handler>(
         Ok(Err(e)) => {
             // Scanners and old clients fail handshakes all day: debug, and counted.
             shared.handshake_failed(HandshakeFailure::Error);
-            tracing::debug!(listener = name, %peer, error = %e, "TLS handshake failed");
+            tracing::debug!(listener = name, %peer, error = %Chain(&e), "TLS handshake failed");
             return;
         }
         Err(_) => {
@@ -235,7 +236,7 @@ async fn drive<C>(
     name: &'static str,
     peer: SocketAddr,
 ) where
-    C: GracefulConnection<Error: std::fmt::Display>,
+    C: GracefulConnection<Error: Into<Box<dyn std::error::Error + Send + Sync>>>,
 {
     tokio::pin!(conn);
     let closing = async {
@@ -254,7 +255,8 @@ async fn drive<C>(
         }
     };
     if let Err(e) = ended {
-        tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
+        let e = e.into();
+        tracing::debug!(listener = name, %peer, error = %Chain(&*e), "connection ended with an error");
     }
 }
 

@@ -9,6 +9,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use super::connection::ServedBody;
+use crate::report::Chain;
 
 /// A request target (path and query) longer than `server.max_uri_bytes`: answered 414
 /// by the server itself, before any handler sees the request.
@@ -39,7 +40,7 @@ pub(super) fn refuse_long_target<B>(
         return None;
     }
     let error = UriTooLong { len, limit };
-    tracing::debug!(route = listener, code = UriTooLong::CODE, error = %error, "request refused");
+    tracing::debug!(route = listener, code = UriTooLong::CODE, error = %Chain(&error), "request refused");
     let body = serde_json::json!({ "error": UriTooLong::CODE, "message": error.to_string() });
     let mut resp = Response::new(Either::Left(Full::new(Bytes::from(body.to_string()))));
     *resp.status_mut() = StatusCode::URI_TOO_LONG;

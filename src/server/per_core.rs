@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::{ConnectionSlots, Handler, Listener, ServeOptions, Transport, accept_loop};
+use crate::report::Chain;
 
 /// The runtimes of a plane's serving threads, for the runtime metrics.
 #[derive(Clone, Default)]
@@ -77,14 +78,14 @@ pub async fn serve_per_core<H: Handler>(
                             accept_loop(listener, shared, slots, shutdown, &thread).await
                         }
                         Err(e) => {
-                            tracing::error!(listener = name, worker = i, error = %e,
+                            tracing::error!(listener = name, worker = i, error = %Chain(&e),
                                 "cannot serve on this listener; the others go on");
                             0
                         }
                     }
                 }),
                 Err(e) => {
-                    tracing::error!(listener = name, worker = i, error = %e,
+                    tracing::error!(listener = name, worker = i, error = %Chain(&e),
                         "cannot start a serving thread's runtime; the others go on");
                     0
                 }
@@ -97,7 +98,7 @@ pub async fn serve_per_core<H: Handler>(
             .spawn(worker)
         {
             Ok(_) => done.push(rx),
-            Err(e) => tracing::error!(listener = name, worker = i, error = %e,
+            Err(e) => tracing::error!(listener = name, worker = i, error = %Chain(&e),
                 "cannot start a serving thread; the others go on"),
         }
     }

@@ -14,6 +14,7 @@ use tokio_rustls::rustls::{self, ServerConfig};
 
 use super::metrics::ConnectionMetrics;
 use crate::cert::{CertificateError, CertificateFiles, LoadedCertificate, provider};
+use crate::report::Chain;
 
 /// The ALPN name of HTTP/2.
 pub const ALPN_H2: &[u8] = b"h2";
@@ -22,7 +23,7 @@ pub const ALPN_HTTP1: &[u8] = b"http/1.1";
 
 /// Why the TLS server config could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set up TLS: {0}")]
+#[error("cannot set up TLS")]
 pub struct TlsSetupError(#[from] rustls::Error);
 
 /// The data plane's TLS: the acceptor every handshake goes through and the certificate
@@ -114,7 +115,7 @@ impl Tls {
                 tracing::error!(
                     cert_file = %files.cert_file.display(),
                     key_file = %files.key_file.display(),
-                    error = %e,
+                    error = %Chain(e),
                     "TLS certificate reload failed; the current certificate stays"
                 );
             }

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::report::Chain;
 
 /// Lines waiting for the writer; past this, lines are dropped.
 const QUEUE: usize = 65_536;
@@ -22,7 +23,7 @@ const QUEUE: usize = 65_536;
 #[derive(Debug, thiserror::Error)]
 pub enum AccessLogError {
     /// The file could not be opened for appending.
-    #[error("cannot open the access log {path}: {source}")]
+    #[error("cannot open the access log {path}")]
     Open {
         /// The file.
         path: PathBuf,
@@ -207,7 +208,7 @@ impl Sink {
                     tracing::info!(path = %path.display(), "access log reopened");
                 }
                 Err(e) => {
-                    tracing::error!(path = %path.display(), error = %e,
+                    tracing::error!(path = %path.display(), error = %Chain(&e),
                         "cannot reopen the access log; writing on to the old file")
                 }
             }
@@ -230,7 +231,7 @@ async fn write_loop(mut sink: Sink, mut queue: mpsc::Receiver<String>, written: 
     ) {
         Ok(s) => Some(s),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGUSR1; the access log will not be reopened on it");
+            tracing::warn!(error = %Chain(&e), "cannot listen for SIGUSR1; the access log will not be reopened on it");
             None
         }
     };

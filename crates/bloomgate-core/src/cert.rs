@@ -25,7 +25,7 @@ pub enum CertFile {
 #[derive(Debug, thiserror::Error)]
 pub enum CertificateError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -36,7 +36,7 @@ pub enum CertificateError {
         source: std::io::Error,
     },
     /// The file is not PEM, or holds no item of the kind wanted.
-    #[error("{path}: {what}: {source}")]
+    #[error("{path}: {what}")]
     Pem {
         /// The file.
         path: PathBuf,
@@ -49,7 +49,7 @@ pub enum CertificateError {
         source: rustls::pki_types::pem::Error,
     },
     /// The key is not one the provider can sign with.
-    #[error("{path}: unusable private key: {source}")]
+    #[error("{path}: unusable private key")]
     Key {
         /// The key file.
         path: PathBuf,
@@ -58,7 +58,7 @@ pub enum CertificateError {
         source: rustls::Error,
     },
     /// The key is not the certificate's.
-    #[error("{key} does not match the certificate in {cert}: {source}")]
+    #[error("{key} does not match the certificate in {cert}")]
     Mismatch {
         /// The key file.
         key: PathBuf,

@@ -99,7 +99,7 @@ pub enum DbError {
     UnsupportedUrl(String),
     /// The URL has a supported scheme but its driver cannot read it (a bad port, an
     /// unknown option). sqlx's message names the part, not the password.
-    #[error("unsupported database URL: invalid {backend} URL: {source}")]
+    #[error("unsupported database URL: invalid {backend} URL")]
     InvalidUrl {
         /// `"MySQL"` or `"SQLite"`.
         backend: &'static str,
@@ -113,13 +113,13 @@ pub enum DbError {
     #[error("timed out waiting for a database connection")]
     PoolTimeout,
     /// The database could not be reached: I/O, TLS, a closed pool, a crashed worker.
-    #[error("database unavailable: {0}")]
+    #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
     /// The database answered, but the query failed or its result could not be decoded.
-    #[error("database query failed: {0}")]
+    #[error("database query failed")]
     Query(#[source] sqlx::Error),
     /// Applying the embedded migrations failed.
-    #[error("database migration failed: {0}")]
+    #[error("database migration failed")]
     Migrate(#[source] sqlx::migrate::MigrateError),
 }
 

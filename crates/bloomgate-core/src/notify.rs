@@ -6,6 +6,8 @@
 
 use sd_notify::NotifyState;
 
+use crate::report::Chain;
+
 /// Both planes accept connections (`READY=1`).
 pub fn ready() {
     send("ready", &[NotifyState::Ready]);
@@ -17,7 +19,7 @@ pub fn reloading() {
     match NotifyState::monotonic_usec_now() {
         Ok(now) => send("reloading", &[NotifyState::Reloading, now]),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot read the monotonic clock for the reload notice");
+            tracing::warn!(error = %Chain(&e), "cannot read the monotonic clock for the reload notice");
             send("reloading", &[NotifyState::Reloading]);
         }
     }
@@ -32,6 +34,6 @@ fn send(what: &str, states: &[NotifyState]) {
     // A notice that cannot be sent changes nothing the process does; systemd times the
     // start or reload out and says so.
     if let Err(e) = sd_notify::notify(states) {
-        tracing::warn!(error = %e, notice = what, "cannot notify the service manager");
+        tracing::warn!(error = %Chain(&e), notice = what, "cannot notify the service manager");
     }
 }

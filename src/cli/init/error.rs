@@ -9,9 +9,13 @@ pub enum InitError {
     /// Neither `--database-url` nor the variable gives the database.
     #[error("no database: pass --database-url or set BLOOMGATE__DATABASE__URL")]
     NoUrl,
-    /// The database URL has no scheme this build reads, or its driver cannot parse it.
+    /// The database URL has no scheme this build reads.
     #[error("unsupported database URL: {0}")]
     BadUrl(String),
+    /// The database URL's driver cannot read it (a bad port, an unknown option); the
+    /// driver's error names the part, not the password.
+    #[error("unsupported database URL")]
+    UnreadableUrl(#[source] sqlx::Error),
     /// A MySQL URL without a database name: there is no schema to look the table up in.
     #[error(
         "the database URL names no database: add it to the path, e.g. mysql://user@host:3306/shop"
@@ -29,7 +33,7 @@ pub enum InitError {
         column: String,
     },
     /// The user may not read the table.
-    #[error("no SELECT privilege on table `{table}` (the gate reads its keys): {source}")]
+    #[error("no SELECT privilege on table `{table}` (the gate reads its keys)")]
     NoSelect {
         /// The table.
         table: String,
@@ -90,16 +94,16 @@ pub enum InitError {
     #[error("{0} exists: pass --force to overwrite it")]
     OutputExists(PathBuf),
     /// The database could not be reached (or refused the login).
-    #[error("cannot connect to the database: {0}")]
+    #[error("cannot connect to the database")]
     Connect(#[source] sqlx::Error),
     /// A metadata query failed for another reason than the refusals above.
-    #[error("reading the table's metadata failed: {0}")]
+    #[error("reading the table's metadata failed")]
     Query(#[source] sqlx::Error),
     /// The async runtime could not start.
-    #[error("cannot start the async runtime: {0}")]
+    #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
     /// The config could not be written.
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}")]
     Write {
         /// Where.
         path: PathBuf,
@@ -120,6 +124,7 @@ impl InitError {
             | InitError::Write { .. } => 1,
             InitError::NoUrl
             | InitError::BadUrl(_)
+            | InitError::UnreadableUrl(_)
             | InitError::NoDatabase
             | InitError::NoSuchTable(_)
             | InitError::NoSuchColumn { .. }
@@ -132,5 +137,46 @@ impl InitError {
             | InitError::BadUpstream(_)
             | InitError::OutputExists(_) => 2,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+    use std::str::FromStr;
+
+    use bloomgate::report::Chain;
+    use sqlx::mysql::MySqlConnectOptions;
+
+    use super::*;
+
+    /// The message says what failed; the cause is printed once, by the chain.
+    fn prints_its_cause_once(e: &InitError) {
+        let cause = e.source().expect("a source").to_string();
+        assert!(!e.to_string().contains(&cause), "{e}");
+        assert!(Chain(e).to_string().contains(&cause), "{}", Chain(e));
+    }
+
+    #[test]
+    fn causes_are_sources_and_print_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("no-such-dir").join("bloomgate.toml");
+        let source = std::fs::write(&path, "").expect_err("no such directory");
+        let write = InitError::Write { path, source };
+        prints_its_cause_once(&write);
+        assert!(Chain(&write).to_string().starts_with("writing "));
+
+        let parse = MySqlConnectOptions::from_str("mysql://u@h:notaport/shop")
+            .expect_err("the port is refused");
+        let url = InitError::UnreadableUrl(parse);
+        prints_its_cause_once(&url);
+        assert!(
+            Chain(&url)
+                .to_string()
+                .starts_with("unsupported database URL: "),
+            "{}",
+            Chain(&url)
+        );
+        assert_eq!(url.exit_code(), 2);
     }
 }

@@ -27,7 +27,7 @@ pub async fn read(url: &str, table: &str, key: &str) -> Result<Table, InitError>
         None => url.to_owned(),
     };
     let options = MySqlConnectOptions::from_str(&url)
-        .map_err(|e| InitError::BadUrl(e.to_string()))?
+        .map_err(InitError::UnreadableUrl)?
         .disable_statement_logging();
     let mut conn = tokio::time::timeout(
         super::CONNECT_TIMEOUT,

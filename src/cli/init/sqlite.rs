@@ -16,7 +16,7 @@ use super::{
 /// Reads what `init` needs to know about `table` and its `key` column.
 pub async fn read(url: &str, table: &str, key: &str) -> Result<Table, InitError> {
     let options = SqliteConnectOptions::from_str(url)
-        .map_err(|e| InitError::BadUrl(e.to_string()))?
+        .map_err(InitError::UnreadableUrl)?
         .read_only(true)
         .create_if_missing(false)
         .disable_statement_logging();

@@ -12,6 +12,7 @@ use crate::fleet::lease::{self, Lease};
 use crate::fleet::stream::{self, StreamPos};
 use crate::fleet::{Fleet, Member, Role, lock};
 use crate::gate::RebuildReason;
+use crate::report::Chain;
 
 impl Fleet {
     /// Holding lease `l`: catch up with what was published, then build and publish.
@@ -115,7 +116,7 @@ impl Fleet {
                         break;
                     }
                     Err(e) => {
-                        tracing::warn!(filter = %m.name, error = %e, retry_in_ms = delay.as_millis() as u64,
+                        tracing::warn!(filter = %m.name, error = %Chain(&e), retry_in_ms = delay.as_millis() as u64,
                             "filter build failed; requests fail open until it succeeds");
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(m.filter.config().load_retry_max);
@@ -131,7 +132,7 @@ impl Fleet {
                     let start = self.position();
                     match m.filter.build_once(&self.db, reason).await {
                         Ok(_) => self.publish_at(&m, &l, start).await,
-                        Err(e) => tracing::error!(filter = %m.name, error = %e,
+                        Err(e) => tracing::error!(filter = %m.name, error = %Chain(&e),
                             "rebuild failed; the previous filter keeps serving"),
                     }
                 }

@@ -13,6 +13,7 @@ use crate::fleet::lease::{self, Attempt};
 use crate::fleet::stream;
 use crate::fleet::{Fleet, Member, Role, lock};
 use crate::gate::RebuildReason;
+use crate::report::Chain;
 
 impl Fleet {
     /// As a follower: take the lease if it is free, else load a newer generation.
@@ -145,9 +146,9 @@ impl Fleet {
     }
 
     fn refuse(&self, m: &Member, current: Option<&Current>, e: &GenerationError) {
-        tracing::error!(filter = %m.name, generation = current.map(|c| c.generation), error = %e,
+        tracing::error!(filter = %m.name, generation = current.map(|c| c.generation), error = %Chain(e),
             "refused the fleet's current generation; keeping the filter this instance serves");
         self.metrics.generation(&m.name, "refused");
-        lock(&m.status).refused = Some(e.to_string());
+        lock(&m.status).refused = Some(Chain(e).to_string());
     }
 }

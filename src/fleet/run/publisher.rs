@@ -9,6 +9,7 @@ use crate::fleet::lease::Lease;
 use crate::fleet::stream::StreamPos;
 use crate::fleet::{Fleet, Member, Role, lock};
 use crate::gate::redis_held;
+use crate::report::Chain;
 
 impl Fleet {
     pub(super) async fn publish_live(&self, m: &Arc<Member>, l: &Lease) {
@@ -73,7 +74,7 @@ impl Fleet {
                     return;
                 }
                 Err(e) => {
-                    tracing::error!(filter = %m.name, error = %e,
+                    tracing::error!(filter = %m.name, error = %Chain(&e),
                         retry_in_ms = self.config.retry_interval.as_millis() as u64,
                         "publishing a generation failed");
                     if let GenerationError::Redis(e) = &e {
@@ -94,7 +95,7 @@ impl Fleet {
             self.publish_held(m).await;
         }
         if let Err(e) = held.refresh().await {
-            tracing::debug!(filter = %m.name, error = %e, "could not read the Redis-held generation");
+            tracing::debug!(filter = %m.name, error = %Chain(&e), "could not read the Redis-held generation");
         }
         held.settle_recent().await;
     }
@@ -110,7 +111,7 @@ impl Fleet {
             Ok(layout) => tracing::info!(filter = %m.name, generation = layout.generation,
                 shards = layout.shards(), items = layout.items, "published the Redis-held copy"),
             Err(e) => {
-                tracing::warn!(filter = %m.name, error = %e,
+                tracing::warn!(filter = %m.name, error = %Chain(&e),
                     "publishing the Redis-held copy failed; the local copies answer alone, and it is tried again");
                 if let redis_held::HeldError::Redis(e) = &e {
                     self.redis_failed("Redis-held publish", e);
@@ -145,7 +146,7 @@ impl Fleet {
                     tracing::debug!(entries = n, below = %min, "change stream trimmed")
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "change stream trim failed"),
+                Err(e) => tracing::warn!(error = %Chain(&e), "change stream trim failed"),
             }
         }
     }

@@ -21,6 +21,7 @@ use crate::cert::{CertFile, LoadedCertificate};
 use crate::filter::BloomParams;
 use crate::pattern::cidrs::Cidrs;
 use crate::pattern::route::{MatchOptions, PathPattern, QueryRules};
+use crate::report::Chain;
 
 mod forwarding;
 use forwarding::compile_forwarding;
@@ -122,7 +123,7 @@ fn compile_tls(tls: &TlsConfig, p: &mut Problems) -> Option<CompiledTls> {
                 CertFile::Cert => "server.tls.cert_file",
                 CertFile::Key => "server.tls.key_file",
             };
-            p.add(field, e);
+            p.add(field, Chain(&e));
             None
         }
     }
@@ -246,7 +247,10 @@ impl Config {
             .unwrap_or_default();
         let admin_token = self.check_admin(&mut p);
         let upstream = self.upstream.as_ref().and_then(|settings| {
-            let authority = p.check("upstream.url", upstream_authority(&settings.url))?;
+            let authority = p.check(
+                "upstream.url",
+                upstream_authority(&settings.url).map_err(|e| Chain(&e).to_string()),
+            )?;
             Some(CompiledUpstream {
                 settings: settings.clone(),
                 authority,
@@ -498,7 +502,7 @@ fn compile_write_through(
 enum BadValue {
     #[error("{0} is not an HTTP status")]
     Status(u16),
-    #[error("not a URL: {0}")]
+    #[error("not a URL")]
     Url(#[source] http::uri::InvalidUri),
     #[error("must start with http:// (terminate TLS in front of the upstream)")]
     NotHttp,

@@ -101,7 +101,7 @@ pub struct SnapshotInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The file system refused an operation.
-    #[error("cannot {action} snapshot {}: {source}", path.display())]
+    #[error("cannot {action} snapshot {}", path.display())]
     Io {
         /// What was being done, as a verb phrase: `"read"`, `"write"`, `"sync"`, ...
         action: &'static str,
@@ -141,8 +141,8 @@ pub enum SnapshotError {
     },
     /// The checksum matched but the bit array does not fit the header's parameters, so
     /// the writer itself was faulty.
-    #[error("snapshot does not hold a valid filter: {0}")]
-    Layout(FilterError),
+    #[error("snapshot does not hold a valid filter")]
+    Layout(#[source] FilterError),
 }
 
 /// A verified snapshot's header and statistics, as `bloomgate filter inspect PATH`
