@@ -84,7 +84,7 @@
 //! re-exports all of it.
 
 pub use bloomgate_core::{
-    access_log, cert, config, db, filter, key, metrics, notify, pattern, serving, watermark,
+    access_log, cert, config, db, filter, key, metrics, notify, pattern, report, serving, watermark,
 };
 
 pub mod admin;
@@ -96,7 +96,6 @@ pub mod gate;
 pub mod origin;
 pub mod pipeline;
 pub mod reload;
-pub mod report;
 pub mod server;
 pub mod stages;
 

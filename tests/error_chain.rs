@@ -2,8 +2,9 @@
 //! and says only what failed, or has no source and says everything itself; whatever
 //! prints it for a person walks the chain with `report::Chain`. Two checks hold this:
 //! real failures of the crate's error types, made cheaply, keep their cause out of their
-//! own message and `Chain` shows it; and a reading of `src/` finds no `#[error(...)]`
-//! message that names a field which is also the source.
+//! own message and `Chain` shows it; and a reading of `src/` and
+//! `crates/bloomgate-core/src/` finds no `#[error(...)]` message that names a field which
+//! is also the source.
 
 #[path = "support/sources.rs"]
 mod sources;
@@ -345,6 +346,7 @@ fn no_error_message_in_src_repeats_its_source() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("crates/bloomgate-core/src"), &mut files);
     files.sort();
     let mut messages = 0;
     let mut found = Vec::new();
@@ -365,7 +367,7 @@ fn no_error_message_in_src_repeats_its_source() {
     }
     assert!(
         messages > 100,
-        "the scan found only {messages} #[error] attributes: is src/ laid out as expected?"
+        "the scan found only {messages} #[error] attributes: are src/ and crates/bloomgate-core/src/ laid out as expected?"
     );
     assert!(found.is_empty(), "{}", found.join("\n"));
 }

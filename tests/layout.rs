@@ -16,7 +16,7 @@
 mod sources;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sources::rust_files;
 

@@ -58,12 +58,12 @@ pub const MYSQL_URL_VAR: &str = "BLOOMGATE_TEST_MYSQL_URL";
 /// The MariaDB server URL exported by `scripts/test` (through `scripts/mariadb`), without
 /// a database.
 ///
-/// The skip rule, the same for every MariaDB test (and for `crates/bloomgate-core/src/db/mysql_tests.rs`):
-/// without a non-empty `BLOOMGATE_TEST_MYSQL_URL`, a MariaDB test fails if `CI` is set
-/// to anything but the empty string (`.ci/run` exports `CI=1`: there a skipped test would
-/// be a lie); otherwise it passes without running, and the binary says so once on
-/// stderr, written past libtest's output capture so that it shows without
-/// `--nocapture`.
+/// The skip rule, the same for every MariaDB test (and for
+/// `crates/bloomgate-core/src/db/mysql_tests.rs`): without a non-empty
+/// `BLOOMGATE_TEST_MYSQL_URL`, a MariaDB test fails if `CI` is set to anything but the
+/// empty string (`.ci/run` exports `CI=1`: there a skipped test would be a lie);
+/// otherwise it passes without running, and the binary says so once on stderr, written
+/// past libtest's output capture so that it shows without `--nocapture`.
 pub fn mysql_url() -> Option<String> {
     static NOTICE: std::sync::Once = std::sync::Once::new();
     match std::env::var(MYSQL_URL_VAR) {

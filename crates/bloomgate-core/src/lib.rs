@@ -16,5 +16,6 @@ pub mod key;
 pub mod metrics;
 pub mod notify;
 pub mod pattern;
+pub mod report;
 pub mod serving;
 pub mod watermark;
