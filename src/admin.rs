@@ -23,16 +23,16 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use crate::config::ConfigError;
 use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
-use crate::key::normalize;
 use crate::pipeline::Proxy;
 use crate::pipeline::response;
 use crate::reload::{ReloadError, Reloader};
-use crate::report::Chain;
 use crate::server::Handler;
 use crate::stages::Metrics;
+use bloomgate_core::config::ConfigError;
+use bloomgate_core::key::normalize;
+use bloomgate_core::report::Chain;
 
 /// Largest admin request body (key uploads).
 const MAX_ADMIN_BODY: usize = 64 * 1024 * 1024;

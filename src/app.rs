@@ -16,13 +16,13 @@ use tokio::net::TcpListener;
 
 use crate::admin::Admin;
 use crate::audit::Auditor;
-use crate::config::{Compiled, Config, ConfigError};
 use crate::gate::admit::Admit;
 use crate::pipeline::Proxy;
 use crate::reload::Reloader;
 use crate::server::tls::TlsSetupError;
 use crate::server::{ConnectionMetrics, Tls};
 use crate::stages::AssembleError;
+use bloomgate_core::config::{Compiled, Config, ConfigError};
 
 mod assemble;
 mod run;
@@ -50,7 +50,7 @@ pub enum AppError {
     },
     /// The database pool could not be configured (bad URL).
     #[error(transparent)]
-    Db(#[from] crate::db::DbError),
+    Db(#[from] bloomgate_core::db::DbError),
     /// Fleet mode could not be set up (a Redis URL the client refuses).
     #[error("fleet")]
     Fleet(#[from] crate::fleet::FleetError),

@@ -28,7 +28,7 @@ pub use ledger::Ledger;
 pub use metrics::AuditMetrics;
 pub use sampler::{Sample, Sampler};
 
-use crate::config::AuditConfig;
+use bloomgate_core::config::AuditConfig;
 use ledger::MAX_WAITING;
 use metrics::DropReason;
 

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use moka::future::Cache;
 
-use crate::config::CacheConfig;
-use crate::key::OwnedKey;
 use crate::origin::{CachedResponse, Variant};
+use bloomgate_core::config::CacheConfig;
+use bloomgate_core::key::OwnedKey;
 
 mod expiry;
 mod invalidate;

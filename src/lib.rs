@@ -9,6 +9,8 @@
 //!
 //! Bottom (imports nothing above it): the workspace crate `bloomgate-core`
 //! (`crates/bloomgate-core/`), re-exported here module by module under the same names.
+//! The library's own modules import it as `bloomgate_core::…`, so every import says
+//! which layer it reaches; the command line and the tests use the re-exports.
 //! - [`key`]: key normalisation (`key::Normalize`, re-exported by the config), shared by
 //!   requests and the filter loader.
 //! - [`filter`]: the Bloom filter itself (parameters, murmur3 double hashing, atomic bits);

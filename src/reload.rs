@@ -18,15 +18,15 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::task::AbortHandle;
 
-use crate::config::{Compiled, Config, ConfigError};
-use crate::db::Db;
 use crate::fleet::Fleet;
 use crate::gate::{Filter, Reconfigure};
 use crate::origin::guard::OriginGuard;
 use crate::pipeline::Proxy;
 use crate::reload::metrics::{ReloadMetrics, ReloadResult};
-use crate::report::Chain;
 use crate::stages::{AssembleError, Stages};
+use bloomgate_core::config::{Compiled, Config, ConfigError};
+use bloomgate_core::db::Db;
+use bloomgate_core::report::Chain;
 
 /// Why a reload changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -83,11 +83,17 @@ struct State {
 }
 
 impl Reloader {
-    /// A reloader of `config` (read from `path`, when it was) serving through `proxy`.
-    pub fn new(path: Option<PathBuf>, stages: Stages, config: Config, proxy: Arc<Proxy>) -> Self {
+    /// A reloader of `config` (read from `path`, when it was) serving through `proxy`,
+    /// counting its reloads on `metrics`.
+    pub fn new(
+        path: Option<PathBuf>,
+        stages: Stages,
+        config: Config,
+        proxy: Arc<Proxy>,
+        metrics: ReloadMetrics,
+    ) -> Self {
         let filters = ArcSwap::from_pointee(stages.filters.clone());
         let token = ArcSwapOption::new(config.admin.token.clone().map(Arc::new));
-        let metrics = stages.metrics.reload.clone();
         let origins = ArcSwap::from_pointee(guards(&stages));
         Reloader {
             inner: Arc::new(Inner {
@@ -279,7 +285,7 @@ enum Action {
 
 /// What a reload does to the filters.
 struct FilterPlan {
-    actions: Vec<(String, crate::config::CompiledFilter, Action)>,
+    actions: Vec<(String, bloomgate_core::config::CompiledFilter, Action)>,
     removed: Vec<String>,
 }
 

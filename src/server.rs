@@ -35,7 +35,7 @@ pub use metrics::ConnectionMetrics;
 pub use per_core::{ServingRuntimes, bind_reuseport, serve_per_core};
 pub use tls::Tls;
 
-use crate::report::Chain;
+use bloomgate_core::report::Chain;
 use connection::Listener;
 
 /// Something that answers requests.

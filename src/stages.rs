@@ -12,14 +12,8 @@ use std::sync::Arc;
 
 use prometheus::Registry;
 
-use crate::access_log::AccessLog;
 use crate::audit::Sampler;
 use crate::cache::ResponseCache;
-use crate::config::{
-    AccessLogConfig, Compiled, CompiledFilter, CompiledOrigin, CompiledUpstream, Config,
-    RouteConfig,
-};
-use crate::db::Db;
 use crate::fleet::Fleet;
 use crate::gate::Filter;
 use crate::gate::admit::Admit;
@@ -30,6 +24,12 @@ use crate::pipeline::budget::Budget;
 use crate::pipeline::write_through::WriteThrough;
 use crate::pipeline::{EdgePolicy, GuardedRoute, Pipeline};
 use crate::server::Tls;
+use bloomgate_core::access_log::AccessLog;
+use bloomgate_core::config::{
+    AccessLogConfig, Compiled, CompiledFilter, CompiledOrigin, CompiledUpstream, Config,
+    RouteConfig,
+};
+use bloomgate_core::db::Db;
 
 pub use metrics::Metrics;
 
@@ -49,7 +49,7 @@ pub enum AssembleError {
     MissingFilter(String),
     /// The access log file could not be opened.
     #[error(transparent)]
-    AccessLog(#[from] crate::access_log::AccessLogError),
+    AccessLog(#[from] bloomgate_core::access_log::AccessLogError),
 }
 
 /// The upstream's client and guard, with the settings the client was made from.
@@ -421,7 +421,7 @@ mod tests {
                  path = \"/p/{{id}}\"\nkey = {{ segment = \"id\" }}\nfilter = \"f\"\n\
                  origin = {{ kind = \"upstream\" }}\n{extra}"
             );
-            let config = crate::config::Config::from_toml_str(&toml).expect("a config");
+            let config = bloomgate_core::config::Config::from_toml_str(&toml).expect("a config");
             config.routes[0].clone()
         };
         let plain = answer_shape(&route(""));

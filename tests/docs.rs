@@ -18,6 +18,7 @@ use bloomgate::db::{Db, PoolSettings};
 use bloomgate::filter::BloomParams;
 use bloomgate::fleet::metrics::FleetMetrics;
 use bloomgate::reload::RESTART_ONLY;
+use bloomgate::reload::metrics::ReloadMetrics;
 use bloomgate::reload::restart::is_restart_only;
 use bloomgate::server::metrics::ConnectionMetrics;
 use bloomgate::stages::Metrics;
@@ -343,6 +344,7 @@ fn full_registry() -> prometheus::Result<Registry> {
     connections.certificate_expires(0);
     bloomgate::pipeline::budget::register(&registry, 10, Duration::from_secs(60))?;
     AuditMetrics::register(&registry, ["route"])?;
+    ReloadMetrics::register(&registry)?;
     let fleet = FleetMetrics::register(&registry)?;
     fleet.set_redis_up(true);
     fleet.set_role("filter", "builder");

@@ -1,7 +1,8 @@
 //! The module graph has no import loops: reading the sources of the library (`src/`,
 //! not the command line) and of the crate its bottom layer lives in
 //! (`crates/bloomgate-core/src/`, whose modules the library re-exports under the same
-//! names), every `crate::` path a module's code names (tests aside) is an edge to the
+//! names), every path a module's code names from the crate root (`crate::`,
+//! `bloomgate_core::`) or from its parent (`super::`), tests aside, is an edge to the
 //! module that defines the item, and the graph of those edges between files is acyclic.
 //! A module and its own submodules are one unit here (a parent re-exporting its child's
 //! items and the child using its parent's is how Rust modules are built), so the check is
@@ -80,18 +81,52 @@ fn public_items(code: &str) -> BTreeSet<String> {
     items
 }
 
-/// Expands `crate::a::{b, c::{d, e}}` style paths found in `code` into flat paths
-/// (without the `crate::` prefix).
-fn crate_paths(code: &str) -> Vec<String> {
+/// Expands the paths found in the code of `module` into flat paths from the crate root:
+/// `crate::a::{b, c::{d, e}}` style paths, the same paths into the core crate
+/// (`bloomgate_core::a`, whose modules keep their names here), and paths relative to the
+/// module's parent (`super::b`, `super::super::c`).
+fn crate_paths(module: &str, code: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        let after = &rest[i + "crate::".len()..];
+    while let Some((i, prefix)) = next_path(rest) {
+        let mut after = &rest[i + prefix.len()..];
+        let mut base = String::new();
+        if prefix == "super::" {
+            let mut parent: Vec<&str> = module.split("::").filter(|s| !s.is_empty()).collect();
+            parent.pop();
+            while let Some(more) = after.strip_prefix("super::") {
+                parent.pop();
+                after = more;
+            }
+            if !parent.is_empty() {
+                base = format!("{}::", parent.join("::"));
+            }
+        }
         let end = path_end(after);
-        expand("", &after[..end], &mut out);
+        expand(&base, &after[..end], &mut out);
         rest = &after[end..];
     }
     out
+}
+
+/// The first path in `code` that starts at `crate::`, `bloomgate_core::` or `super::`
+/// (not in the middle of a longer path or word), with the prefix it starts with.
+fn next_path(code: &str) -> Option<(usize, &'static str)> {
+    ["crate::", "bloomgate_core::", "super::"]
+        .into_iter()
+        .filter_map(|prefix| {
+            let mut from = 0;
+            while let Some(i) = code[from..].find(prefix) {
+                let at = from + i;
+                let before = code[..at].chars().next_back();
+                if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                    return Some((at, prefix));
+                }
+                from = at + prefix.len();
+            }
+            None
+        })
+        .min_by_key(|(at, _)| *at)
 }
 
 /// Where a path (possibly with nested braces) ends.
@@ -215,7 +250,7 @@ fn graph() -> BTreeMap<Module, BTreeSet<Module>> {
     let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
     for (module, source) in &sources {
         let targets = edges.entry(module.clone()).or_default();
-        for path in crate_paths(&source.code) {
+        for path in crate_paths(module, &source.code) {
             let target = resolve(&path, &sources);
             if target != *module && !nested(module, &target) {
                 targets.insert(target);
@@ -314,7 +349,27 @@ fn paths_in_braces_resolve_to_the_defining_file() {
             "pipeline"
         ]
     );
+    assert_eq!(
+        crate_paths(
+            "config::audit",
+            "use super::validate::Problems; fn f(_: super::super::key::Key, _: pub(super) u8) {}",
+        ),
+        ["config::validate::Problems", "key::Key"]
+    );
+    assert_eq!(
+        crate_paths(
+            "gate",
+            "use bloomgate_core::config::{Backend, self}; x::super::y"
+        ),
+        ["config::Backend", "config"]
+    );
     let edges = graph();
+    // A sibling named through `super::` is an edge like any other.
+    assert!(
+        edges["server::connection"].contains("server::long_target"),
+        "{:?}",
+        edges["server::connection"]
+    );
     // `crate::config::Normalize` is defined in key.rs and re-exported by the config.
     assert!(
         edges["gate::build"].contains("key"),

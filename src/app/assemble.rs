@@ -14,8 +14,6 @@ use super::{App, AppError};
 use crate::admin::Admin;
 use crate::audit::Audit;
 use crate::cache::ResponseCache;
-use crate::config::Compiled;
-use crate::db::{Db, PoolSettings};
 use crate::fleet::Fleet;
 use crate::fleet::metrics::FleetMetrics;
 use crate::gate::Filter;
@@ -23,8 +21,11 @@ use crate::gate::admit::Admit;
 use crate::pipeline::Proxy;
 use crate::pipeline::budget::Budget;
 use crate::reload::Reloader;
+use crate::reload::metrics::ReloadMetrics;
 use crate::server::{ConnectionMetrics, ServingRuntimes, Tls};
 use crate::stages::{Metrics, RouteIds, Stages};
+use bloomgate_core::config::Compiled;
+use bloomgate_core::db::{Db, PoolSettings};
 
 /// Local changes waiting for the fleet's appender; past this, a change is dropped
 /// (counted) rather than making a request wait.
@@ -37,6 +38,7 @@ impl App {
         path: Option<PathBuf>,
     ) -> Result<App, AppError> {
         let metrics = Metrics::new(&registry)?;
+        let reload_metrics = ReloadMetrics::register(&registry)?;
         let first_tls = compiled.tls.take();
         let config = compiled.config();
         let connections =
@@ -134,7 +136,13 @@ impl App {
             Arc::clone(&stages.admit),
             stages.fleet.clone(),
         );
-        let reloader = Reloader::new(path, stages, config.clone(), Arc::clone(&proxy));
+        let reloader = Reloader::new(
+            path,
+            stages,
+            config.clone(),
+            Arc::clone(&proxy),
+            reload_metrics,
+        );
         let (registry, metrics, admit, fleet) = admin_parts;
         let audit_admit = Arc::clone(&admit);
         let admin_handler = Arc::new(Admin {

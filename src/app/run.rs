@@ -15,8 +15,8 @@ use super::App;
 use super::sockets::DataSockets;
 use crate::pipeline::{Proxy, ProxyBody};
 use crate::reload::Reloader;
-use crate::report::Chain;
 use crate::server::{self, Handler, ServeOptions, Transport};
+use bloomgate_core::report::Chain;
 
 /// Most admin-plane connections open at once: scrapers and operators, kept apart from
 /// the data plane's bound so that a flood there does not lock them out.
@@ -115,10 +115,10 @@ impl App {
             "admin",
         ));
         // Both listeners were bound in `build`; from here both planes accept.
-        crate::notify::ready();
+        bloomgate_core::notify::ready();
         shutdown.await;
         tracing::info!("shutting down");
-        crate::notify::stopping();
+        bloomgate_core::notify::stopping();
         // A send error means both servers already stopped; nothing to tell.
         let _ = stop_tx.send(true);
         while let Some(done) = servers.join_next().await {

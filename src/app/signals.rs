@@ -2,7 +2,7 @@
 //! down. The service manager hears of each reload.
 
 use crate::reload::Reloader;
-use crate::report::Chain;
+use bloomgate_core::report::Chain;
 
 /// Reloads the configuration on every SIGHUP until the process ends: the one place
 /// SIGHUP is handled. A refused reload is logged and counted by [`Reloader::reload`].
@@ -14,9 +14,9 @@ pub async fn reload_on_sighup(reloader: Reloader) {
             while hangups.recv().await.is_some() {
                 // Ready again whether the reload applied or was refused: either way the
                 // configuration in force is serving.
-                crate::notify::reloading();
+                bloomgate_core::notify::reloading();
                 let _ = reloader.reload().await;
-                crate::notify::ready();
+                bloomgate_core::notify::ready();
             }
         }
         Err(e) => tracing::error!(error = %Chain(&e), "cannot listen for SIGHUP; reloads are off"),

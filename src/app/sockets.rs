@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 use super::AppError;
-use crate::config::{ServerConfig, Threading};
 use crate::server;
+use bloomgate_core::config::{ServerConfig, Threading};
 
 /// The data plane's sockets, bound when the app is built.
 pub(super) enum DataSockets {

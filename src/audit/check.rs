@@ -24,9 +24,9 @@ use super::metrics::{AuditMetrics, CheckResult};
 use super::sampler::Sample;
 use crate::gate::Verdict;
 use crate::gate::admit::{Admit, Forget};
-use crate::key::{KeyBytes, OwnedKey};
 use crate::origin::{Fetched, OriginError};
-use crate::report::Chain;
+use bloomgate_core::key::{KeyBytes, OwnedKey};
+use bloomgate_core::report::Chain;
 
 /// How often the found keys are looked at for a decision.
 const DECIDE_EVERY: Duration = Duration::from_millis(250);

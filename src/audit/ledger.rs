@@ -14,7 +14,7 @@ use prometheus::IntCounter;
 
 use crate::gate::Filter;
 use crate::gate::admit::AdmissionWatcher;
-use crate::key::OwnedKey;
+use bloomgate_core::key::OwnedKey;
 
 /// Most keys waiting at once; past it, the oldest is let go (counted).
 pub const MAX_WAITING: usize = 10_000;

@@ -4,7 +4,7 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
 
-use crate::metrics::family;
+use bloomgate_core::metrics::family;
 
 /// What the origin said about a sampled key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,8 +12,8 @@ use tokio::sync::mpsc;
 
 use super::metrics::{AuditMetrics, DropReason};
 use crate::gate::{AdmissionMark, Filter};
-use crate::key::{NormKey, OwnedKey};
 use crate::origin::Origin;
+use bloomgate_core::key::{NormKey, OwnedKey};
 
 /// A refused key, with everything its check needs, by value: routes may be renumbered
 /// or replaced while it waits.

@@ -5,11 +5,11 @@ use prometheus::{IntCounter, Registry};
 
 use super::check::{FLEET_GRACE, due};
 use super::ledger::{Ledger, Watch};
-use crate::config::Config;
 use crate::gate::Filter;
 use crate::gate::admit::AdmissionWatcher;
 use crate::gate::metrics::FilterFamilies;
-use crate::key::OwnedKey;
+use bloomgate_core::config::Config;
+use bloomgate_core::key::OwnedKey;
 
 const OVERLAP: Duration = Duration::from_secs(2);
 const INTERVAL: Duration = Duration::from_secs(1);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{CacheKey, ResponseCache};
-use crate::key::OwnedKey;
+use bloomgate_core::key::OwnedKey;
 
 impl ResponseCache {
     /// Drops every entry (positive, of any variant, and negative) for a route's key.

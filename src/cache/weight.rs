@@ -1,9 +1,9 @@
 //! What the cache's bounds count: the estimated resident bytes of an entry, and how an
 //! entry bound, a byte bound or both become moka's capacity and an entry's weight.
 
-use crate::config::DEFAULT_MAX_ENTRIES;
-use crate::key::OwnedKey;
 use crate::origin::{CachedResponse, HEADER_OVERHEAD, Variant};
+use bloomgate_core::config::DEFAULT_MAX_ENTRIES;
+use bloomgate_core::key::OwnedKey;
 
 use super::CacheKey;
 

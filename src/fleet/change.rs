@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use crate::config::Normalize;
 use crate::gate::admit::Forget;
 pub use crate::gate::admit::{Change, MAX_KEYS_PER_ENTRY};
-use crate::key::{KeyBytes, OwnedKey, normalize};
+use bloomgate_core::config::Normalize;
+use bloomgate_core::key::{KeyBytes, OwnedKey, normalize};
 
 /// A change as read back, or a generation announcement.
 #[derive(Debug, Clone, PartialEq, Eq)]

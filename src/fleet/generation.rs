@@ -16,9 +16,9 @@ use redis::aio::ConnectionManager;
 use super::keys::Keys;
 use super::lease::Lease;
 use super::stream::StreamPos;
-use crate::config::FilterConfig;
-use crate::filter::snapshot::{self, Snapshot, SnapshotError};
-use crate::key::{KeyBytes, OwnedKey};
+use bloomgate_core::config::FilterConfig;
+use bloomgate_core::filter::snapshot::{self, Snapshot, SnapshotError};
+use bloomgate_core::key::{KeyBytes, OwnedKey};
 
 /// What `current` says about the generation it names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,7 +242,9 @@ pub async fn fetch(
         actual,
     };
     // Checked before anything is allocated from it: `current` is read from Redis.
-    if current.bytes > crate::filter::MAX_BITS / 8 + 4096 || current.chunks > current.bytes.max(1) {
+    if current.bytes > bloomgate_core::filter::MAX_BITS / 8 + 4096
+        || current.chunks > current.bytes.max(1)
+    {
         return Err(GenerationError::BadRecord("bytes"));
     }
     let mut bytes = Vec::with_capacity(current.bytes as usize);

@@ -4,7 +4,7 @@
 
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Registry};
 
-use crate::metrics::family;
+use bloomgate_core::metrics::family;
 
 /// The roles an instance can hold for a filter, as the `role` label says them.
 pub const ROLES: [&str; 3] = ["builder", "follower", "standalone"];
@@ -125,7 +125,7 @@ impl FleetMetrics {
     pub fn set_generation(&self, filter: &str, generation: u64) {
         self.generation
             .with_label_values(&[filter])
-            .set(crate::metrics::clamp_i64(generation));
+            .set(bloomgate_core::metrics::clamp_i64(generation));
     }
 
     /// Sets the generation Redis names current for `filter`, and whether a builder holds
@@ -133,7 +133,7 @@ impl FleetMetrics {
     pub fn set_current(&self, filter: &str, generation: u64, builder: bool) {
         self.current_generation
             .with_label_values(&[filter])
-            .set(crate::metrics::clamp_i64(generation));
+            .set(bloomgate_core::metrics::clamp_i64(generation));
         self.builder_present
             .with_label_values(&[filter])
             .set(i64::from(builder));
@@ -143,7 +143,7 @@ impl FleetMetrics {
     pub fn set_lag(&self, entries: u64, seconds: f64) {
         self.lag_entries
             .with_label_values::<&str>(&[])
-            .set(crate::metrics::clamp_i64(entries));
+            .set(bloomgate_core::metrics::clamp_i64(entries));
         self.lag_seconds.with_label_values::<&str>(&[]).set(seconds);
     }
 

@@ -30,13 +30,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
-use crate::config::FleetConfig;
-use crate::db::Db;
 use crate::fleet::metrics::FleetMetrics;
 use crate::gate::admit::Admit;
 use crate::gate::{Filter, RebuildReason};
-use crate::key::OwnedKey;
-use crate::report::Chain;
+use bloomgate_core::config::FleetConfig;
+use bloomgate_core::db::Db;
+use bloomgate_core::key::OwnedKey;
+use bloomgate_core::report::Chain;
 use change::{Change, Entry};
 use generation::Current;
 use keys::Keys;
@@ -171,7 +171,7 @@ impl Fleet {
         // one multiplexed connection pipelines every request's check.
         for f in filters {
             let fc = f.config();
-            if fc.backend == crate::config::Backend::Redis {
+            if fc.backend == bloomgate_core::config::Backend::Redis {
                 f.set_held(Arc::new(crate::gate::held::HeldGate::new(
                     f.name(),
                     &config.namespace,

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use super::lease;
 use super::stream;
 use super::{Fleet, lock};
-use crate::report::Chain;
+use bloomgate_core::report::Chain;
 
 impl Fleet {
     /// Runs every fleet loop until aborted (its tasks are aborted with it).

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::Fleet;
 use super::change::{self, Change, Entry};
-use crate::key::OwnedKey;
+use bloomgate_core::key::OwnedKey;
 
 /// A position in a Redis Stream: the entry ID `ms-seq`. `0-0` is before every entry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::Filter;
 use crate::cache::ResponseCache;
-use crate::key::OwnedKey;
+use bloomgate_core::key::OwnedKey;
 
 /// What an admission drops from the response cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,24 +15,24 @@ use rand::TryRngCore;
 
 use super::membership::Membership;
 use super::{BuildPhase, Filter, LoadOrigin, LoadResult, LoadStatus, RebuildReason, lock};
-use crate::config::{FilterConfig, Normalize, WatermarkKind};
-use crate::db::Db;
-use crate::filter::snapshot;
-use crate::filter::{BloomFilter, BloomParams};
-use crate::key::{KeyBytes, OwnedKey, normalize};
-use crate::metrics::unix_now;
-use crate::report::Chain;
-use crate::watermark::Watermark;
+use bloomgate_core::config::{FilterConfig, Normalize, WatermarkKind};
+use bloomgate_core::db::Db;
+use bloomgate_core::filter::snapshot;
+use bloomgate_core::filter::{BloomFilter, BloomParams};
+use bloomgate_core::key::{KeyBytes, OwnedKey, normalize};
+use bloomgate_core::metrics::unix_now;
+use bloomgate_core::report::Chain;
+use bloomgate_core::watermark::Watermark;
 
 /// Why a build failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The filter could not be sized.
     #[error("cannot size the filter")]
-    Params(#[from] crate::filter::FilterError),
+    Params(#[from] bloomgate_core::filter::FilterError),
     /// A query failed.
     #[error("source query failed")]
-    Db(#[from] crate::db::DbError),
+    Db(#[from] bloomgate_core::db::DbError),
     /// The operating system's random source failed (no seed can be drawn).
     #[error("cannot draw a random seed")]
     Seed(#[from] rand::rand_core::OsError),
@@ -503,7 +503,7 @@ mod tests {
     use std::error::Error as StdError;
 
     use super::*;
-    use crate::db::{DbError, PoolSettings};
+    use bloomgate_core::db::{DbError, PoolSettings};
 
     #[tokio::test]
     async fn a_failing_source_query_keeps_the_database_error_as_its_cause() {

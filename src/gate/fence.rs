@@ -8,7 +8,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Filter, lock};
-use crate::key::{KeyBytes, NormKey};
+use bloomgate_core::key::{KeyBytes, NormKey};
 
 impl Filter {
     /// Admits a key: it is present from now on. Adds it to the live filter, keeps it

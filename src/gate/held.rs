@@ -27,10 +27,10 @@ use arc_swap::ArcSwapOption;
 use redis::aio::ConnectionManager;
 
 use super::redis_held::{self, HeldError, HeldKeys, Layout, Scripts, Upload};
-use crate::config::HeldConfig;
-use crate::filter::BloomFilter;
 use crate::gate::metrics::FilterMetrics;
-use crate::report::Chain;
+use bloomgate_core::config::HeldConfig;
+use bloomgate_core::filter::BloomFilter;
+use bloomgate_core::report::Chain;
 
 /// Admissions recorded during one upload before the recording gives up (and the
 /// generation is written again): a bound on memory, not a limit anyone should reach.

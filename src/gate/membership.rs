@@ -10,9 +10,9 @@
 
 use std::path::Path;
 
-use crate::filter::snapshot::{self, SnapshotError, SnapshotInfo};
-use crate::filter::{BloomFilter, FilterStats};
-use crate::watermark::Watermark;
+use bloomgate_core::filter::snapshot::{self, SnapshotError, SnapshotInfo};
+use bloomgate_core::filter::{BloomFilter, FilterStats};
+use bloomgate_core::watermark::Watermark;
 
 /// Where a filter's members are held.
 #[derive(Debug)]
@@ -85,7 +85,7 @@ impl Membership {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::filter::BloomParams;
+    use bloomgate_core::filter::BloomParams;
 
     fn local(n: u64) -> Membership {
         let params = BloomParams::optimal(n, 0.01).expect("valid params");

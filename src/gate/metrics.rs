@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use crate::filter::FilterStats;
-use crate::metrics::{clamp_i64, family};
+use bloomgate_core::filter::FilterStats;
+use bloomgate_core::metrics::{clamp_i64, family};
 
 /// The filter families, registered together.
 #[derive(Clone)]

@@ -39,9 +39,9 @@ pub use build::{LoadError, fill, fits_config, secret_seed, start_watermark};
 pub use fence::{AdmissionMark, Fence};
 pub use status::{LoadOrigin, LoadResult, LoadStatus, RebuildReason};
 
-use crate::config::{FilterConfig, Normalize};
 use crate::gate::metrics::FilterMetrics;
 use admissions::Admissions;
+use bloomgate_core::config::{FilterConfig, Normalize};
 use fence::FENCE_STRIPES;
 use membership::{Membership, Probe};
 use position::SyncPosition;
@@ -235,7 +235,7 @@ impl Filter {
     /// instance that builds it holds a copy.
     pub fn wants_local_copy(&self) -> bool {
         let config = self.config.borrow();
-        config.backend == crate::config::Backend::Local || config.redis.local_copy
+        config.backend == bloomgate_core::config::Backend::Local || config.redis.local_copy
     }
 
     /// Logs once per crossing of the warning threshold, and asks for a larger rebuild

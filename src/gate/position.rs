@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use super::{Filter, lock};
-use crate::config::FilterConfig;
-use crate::watermark::Watermark;
+use bloomgate_core::config::FilterConfig;
+use bloomgate_core::watermark::Watermark;
 
 impl Filter {
     /// The current sync watermark: the largest value sync or a build has reached.

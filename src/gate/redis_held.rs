@@ -1,7 +1,7 @@
 //! A filter held in Redis: the bits of one generation of a filter as Redis strings, a
 //! `current` record that names the generation and carries its layout (seed, size,
 //! hashes, sharding), and the two scripts that read and set a key's bits in one round
-//! trip each. Any client that can hash a key the way [`crate::filter::locate`] does can
+//! trip each. Any client that can hash a key the way [`bloomgate_core::filter::locate`] does can
 //! ask the same filter the same question (see `docs/redis-gate.md`).
 //!
 //! # Keys, under a prefix `P` (`NS:gate:F:` for namespace `NS` and filter `F`)
@@ -29,8 +29,8 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
-pub use crate::config::{DEFAULT_SHARD_BYTES, MAX_SHARD_BYTES};
-use crate::filter::{BLOCK_BITS, BloomFilter, MAX_BITS, MAX_OPTIMAL_HASHES, locate};
+pub use bloomgate_core::config::{DEFAULT_SHARD_BYTES, MAX_SHARD_BYTES};
+use bloomgate_core::filter::{BLOCK_BITS, BloomFilter, MAX_BITS, MAX_OPTIMAL_HASHES, locate};
 
 /// The bytes of one block.
 const BLOCK_BYTES: u64 = BLOCK_BITS / 8;

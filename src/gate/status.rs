@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use super::membership::Membership;
 use super::{Filter, lock};
-use crate::filter::FilterStats;
 use crate::gate::metrics::FilterMetrics;
+use bloomgate_core::filter::FilterStats;
 
 /// The result of the last load or rebuild, for `/admin/filters`.
 #[derive(Debug, Clone, Default, Serialize)]

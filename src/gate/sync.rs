@@ -22,13 +22,13 @@ use std::time::Instant;
 use tokio::time::MissedTickBehavior;
 
 use super::admit::{Admit, Forget};
-use crate::config::SyncConfig;
-use crate::db::Db;
 use crate::gate::Filter;
-use crate::key::{KeyBytes, OwnedKey, normalize};
-use crate::metrics::unix_now;
-use crate::report::Chain;
-use crate::watermark::Watermark;
+use bloomgate_core::config::SyncConfig;
+use bloomgate_core::db::Db;
+use bloomgate_core::key::{KeyBytes, OwnedKey, normalize};
+use bloomgate_core::metrics::unix_now;
+use bloomgate_core::report::Chain;
+use bloomgate_core::watermark::Watermark;
 use seen::{MAX_REMEMBERED_ROWS, SeenRows};
 
 /// Runs the sync loop of `filter` until aborted. A filter without sync waits for a

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::BreakerConfig;
+use bloomgate_core::config::BreakerConfig;
 
 /// Buckets of the failure-ratio window: the window slides by a tenth of its length.
 const BUCKETS: usize = 10;

@@ -15,8 +15,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::config::CompiledUpstream;
-use crate::serving;
+use bloomgate_core::config::CompiledUpstream;
+use bloomgate_core::serving;
 
 /// Request bodies sent upstream: empty (origin fetches) or the client's body, bounded,
 /// its read errors marked as the client's (see [`client_body`]).

@@ -14,8 +14,8 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::OriginError;
 use super::breaker::{Breaker, BreakerState, Ending, Ticket};
-use crate::config::OriginLimits;
 use crate::origin::metrics::OriginMetrics;
+use bloomgate_core::config::OriginLimits;
 
 /// Why a call was not made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue};
 
-use crate::config::StaleWindows;
+use bloomgate_core::config::StaleWindows;
 
 /// What a shared cache may do with one upstream answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

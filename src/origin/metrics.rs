@@ -4,8 +4,8 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use crate::metrics::family;
 use crate::origin::breaker::BreakerState;
+use bloomgate_core::metrics::family;
 
 /// The origin families, registered together.
 #[derive(Clone)]

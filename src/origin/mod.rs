@@ -21,10 +21,10 @@ use http::{HeaderValue, StatusCode};
 pub use sql::SqlOrigin;
 pub use upstream::UpstreamOrigin;
 
-use crate::config::StaleWindows;
-use crate::db::DbError;
-use crate::key::OwnedKey;
 use crate::origin::client::UpstreamError;
+use bloomgate_core::config::StaleWindows;
+use bloomgate_core::db::DbError;
+use bloomgate_core::key::OwnedKey;
 
 /// An error of the body stream, as `http-body-util` reports it.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -9,8 +9,8 @@ use http::StatusCode;
 
 use super::guard::OriginGuard;
 use super::{CachedResponse, Fetched, OriginError, ResponseMeta, Stamp};
-use crate::db::{Db, KeyParam};
-use crate::key::OwnedKey;
+use bloomgate_core::db::{Db, KeyParam};
+use bloomgate_core::key::OwnedKey;
 
 /// A SQL origin of one route.
 pub struct SqlOrigin {

@@ -17,9 +17,9 @@ use super::http_cache;
 use super::{
     CachedResponse, Fetched, MAX_CACHED_BODY, OriginError, ResponseMeta, Stamp, Validators, Variant,
 };
-use crate::config::StaleWindows;
-use crate::key::{KeyBytes, OwnedKey};
-use crate::pattern::route::PathPattern;
+use bloomgate_core::config::StaleWindows;
+use bloomgate_core::key::{KeyBytes, OwnedKey};
+use bloomgate_core::pattern::route::PathPattern;
 
 /// An upstream origin of one route.
 pub struct UpstreamOrigin {

@@ -120,7 +120,7 @@ impl Budget {
     fn cells_of(&self, client: IpAddr) -> impl Iterator<Item = usize> + '_ {
         let h = self
             .hasher
-            .hash_one(crate::pattern::cidrs::canonical_ip(client));
+            .hash_one(bloomgate_core::pattern::cidrs::canonical_ip(client));
         let (h1, h2) = (h as u32 as usize, (h >> 32) as usize | 1);
         let mask = self.width - 1;
         (0..DEPTH).map(move |row| row * self.width + (h1.wrapping_add(row.wrapping_mul(h2)) & mask))

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use http::HeaderMap;
 use http::header::HeaderName;
 
-use crate::pattern::cidrs::{Cidrs, canonical_ip};
+use bloomgate_core::pattern::cidrs::{Cidrs, canonical_ip};
 
 /// The `X-Forwarded-For` header name.
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -9,12 +9,12 @@ use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
 
-use crate::key::KeyError;
 use crate::origin::OriginError;
 use crate::origin::client::UpstreamError;
 use crate::origin::guard::Refusal;
 use crate::pipeline::response::ProxyBody;
-use crate::report::Chain;
+use bloomgate_core::key::KeyError;
+use bloomgate_core::report::Chain;
 
 /// A request that could not be answered normally.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ pub enum ProxyError {
     BadKey(#[from] KeyError),
     /// A path that cannot be normalised (a malformed escape) under a guarded route: 400.
     #[error(transparent)]
-    BadPath(#[from] crate::pattern::path::PathError),
+    BadPath(#[from] bloomgate_core::pattern::path::PathError),
     /// A spelling of a guarded path (an escaped `/`, a `\\`, `;` parameters) that an
     /// upstream could read as the guarded resource without the gate judging it: 400.
     #[error("the path is a non-canonical spelling of a guarded route")]
@@ -219,15 +219,15 @@ mod tests {
     use http_body_util::{Either, Empty};
 
     use super::*;
-    use crate::config::{
-        BreakerConfig, CompiledUpstream, DatabaseConfig, StaleWindows, UpstreamConfig,
-    };
-    use crate::db::{Db, DbError, PoolSettings};
-    use crate::key::OwnedKey;
     use crate::origin::client::Upstream;
     use crate::origin::guard::OriginGuard;
     use crate::origin::metrics::OriginFamilies;
     use crate::origin::{Origin, ResponseMeta, SqlOrigin};
+    use bloomgate_core::config::{
+        BreakerConfig, CompiledUpstream, DatabaseConfig, StaleWindows, UpstreamConfig,
+    };
+    use bloomgate_core::db::{Db, DbError, PoolSettings};
+    use bloomgate_core::key::OwnedKey;
 
     fn test_guard() -> Arc<OriginGuard> {
         let families =

@@ -9,8 +9,8 @@ use bytes::{BufMut, BytesMut};
 use http::header::{FORWARDED, HeaderName};
 use http::{HeaderMap, HeaderValue};
 
-use crate::pattern::cidrs::{Cidrs, canonical_ip};
 use crate::pipeline::client::X_FORWARDED_FOR;
+use bloomgate_core::pattern::cidrs::{Cidrs, canonical_ip};
 
 /// The `X-Forwarded-Proto` header name.
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

@@ -19,15 +19,15 @@ use super::route::GuardedRoute;
 use super::{Pipeline, ProxyBody, X_BLOOMGATE, error_response};
 use crate::audit::Sample;
 use crate::cache::{CacheKey, Loaded, Lookup, Negative};
-use crate::config::{KeySource, RouteMode};
 use crate::gate::Verdict;
-use crate::key::{KeyBytes, KeyError, NormKey, normalize};
 use crate::origin::http_cache;
 use crate::origin::{CachedResponse, OriginError, Variant};
 use crate::pipeline::budget::{Allowance, Budget};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::outcome::Outcome;
-use crate::report::Chain;
+use bloomgate_core::config::{KeySource, RouteMode};
+use bloomgate_core::key::{KeyBytes, KeyError, NormKey, normalize};
+use bloomgate_core::report::Chain;
 
 /// Most false-negative keys remembered per route for log de-duplication.
 const FALSE_NEGATIVE_LOG_LIMIT: usize = 1024;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
-use crate::metrics::family;
 use crate::pipeline::outcome::Outcome;
+use bloomgate_core::metrics::family;
 
 /// The route families, registered together.
 #[derive(Clone)]

@@ -15,7 +15,6 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 
 use crate::origin::client::{self, Upstream};
-use crate::pattern::cidrs::Cidrs;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::error::error_response;
 use crate::pipeline::forwarded;
@@ -23,6 +22,7 @@ use crate::pipeline::metrics::PassthroughMetrics;
 use crate::pipeline::outcome::BYPASS;
 use crate::pipeline::response::{self, ProxyBody, X_BLOOMGATE};
 use crate::server::ConnectionInfo;
+use bloomgate_core::pattern::cidrs::Cidrs;
 
 const VIA_VALUE: &str = "1.1 bloomgate";
 

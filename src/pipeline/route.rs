@@ -12,14 +12,14 @@ use std::time::Duration;
 use http::{HeaderValue, Response};
 
 use super::{Pipeline, ProxyBody, X_BLOOMGATE, error_response};
-use crate::config::{Normalize, RouteMode};
 use crate::gate::Filter;
 use crate::origin::Origin;
-use crate::pattern::path;
-use crate::pattern::route::{PathPattern, QueryRules};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::metrics::RouteMetrics;
 use crate::pipeline::outcome::Outcome;
+use bloomgate_core::config::{Normalize, RouteMode};
+use bloomgate_core::pattern::path;
+use bloomgate_core::pattern::route::{PathPattern, QueryRules};
 
 /// One guarded route, compiled.
 pub struct GuardedRoute {
@@ -44,7 +44,8 @@ pub struct GuardedRoute {
     /// Which query parameters are read, forwarded or refused.
     pub query: QueryRules,
     /// Keys already logged as false negatives (bounded), so each is logged once.
-    pub logged_false_negatives: std::sync::Mutex<std::collections::HashSet<crate::key::OwnedKey>>,
+    pub logged_false_negatives:
+        std::sync::Mutex<std::collections::HashSet<bloomgate_core::key::OwnedKey>>,
 }
 
 /// Where a request goes.

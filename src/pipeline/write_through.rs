@@ -16,12 +16,12 @@ use percent_encoding::percent_decode_str;
 use prometheus::IntCounter;
 
 use super::ProxyBody;
-use crate::config::{CompiledWriteThrough, WriteKey};
 use crate::gate::Filter;
 use crate::gate::admit::{Admit, Forget};
-use crate::key::normalize;
-use crate::pattern::route::PathPattern;
-use crate::report::Chain;
+use bloomgate_core::config::{CompiledWriteThrough, WriteKey};
+use bloomgate_core::key::normalize;
+use bloomgate_core::pattern::route::PathPattern;
+use bloomgate_core::report::Chain;
 
 /// Largest response body read to find a JSON key field.
 const MAX_JSON_BODY: usize = 1024 * 1024;
@@ -138,7 +138,7 @@ pub fn matching<'r>(
     if !rules.iter().any(|r| r.methods.contains(req.method())) {
         return None;
     }
-    let path = crate::pattern::path::canonical(req.uri().path()).ok()?;
+    let path = bloomgate_core::pattern::path::canonical(req.uri().path()).ok()?;
     rules.iter().find_map(|rule| {
         if !rule.methods.contains(req.method()) {
             return None;

@@ -3,7 +3,7 @@
 
 use prometheus::{Gauge, IntCounterVec, IntGauge, Registry};
 
-use crate::metrics::family;
+use bloomgate_core::metrics::family;
 
 /// How a reload ended, as counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl ReloadMetrics {
         )?;
         registry.register(Box::new(last_success.clone()))?;
         last_successful.set(1);
-        last_success.set(crate::metrics::unix_now());
+        last_success.set(bloomgate_core::metrics::unix_now());
         Ok(ReloadMetrics {
             reloads,
             last_successful,
@@ -81,7 +81,7 @@ impl ReloadMetrics {
         let ok = result == ReloadResult::Ok;
         self.last_successful.set(i64::from(ok));
         if ok {
-            self.last_success.set(crate::metrics::unix_now());
+            self.last_success.set(bloomgate_core::metrics::unix_now());
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::config::Config;
+use bloomgate_core::config::Config;
 
 /// Every setting a reload cannot apply, as a dotted path in the configuration file. An
 /// entry names its key and everything under it; `<name>` stands for any filter's name.
@@ -179,7 +179,7 @@ mod tests {
         let base = Config::from_toml_str(BASE).expect("valid");
         let mut held = base.clone();
         if let Some(f) = held.filters.get_mut("products") {
-            f.backend = crate::config::Backend::Redis;
+            f.backend = bloomgate_core::config::Backend::Redis;
         }
         assert_eq!(changed(&base, &held), ["filters.products.backend"]);
         let mut slower = held.clone();
@@ -205,7 +205,7 @@ mod tests {
         if let Some(d) = &mut moved.database {
             d.url = "mysql://u:p@127.0.0.2/db".into();
         }
-        moved.server.tls = Some(crate::config::TlsConfig {
+        moved.server.tls = Some(bloomgate_core::config::TlsConfig {
             cert_file: "cert.pem".into(),
             key_file: "key.pem".into(),
         });

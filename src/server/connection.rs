@@ -11,9 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::{Either, Full};
+use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -21,15 +20,12 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
-use super::long_target::refuse_long_target;
+use super::long_target::{ServedBody, refuse_long_target};
 use super::metrics::HandshakeFailure;
 use super::sniff::{self, Spoken};
 use super::tls::{self, Tls};
 use super::{ConnectionInfo, ConnectionMetrics, Handler, Protocol, ServeOptions, Transport};
-use crate::report::Chain;
-
-/// What a connection answers with: a refusal made here, or the handler's response.
-pub(super) type ServedBody<B> = Either<Full<Bytes>, B>;
+use bloomgate_core::report::Chain;
 
 /// What every connection of a listener shares.
 pub(super) struct Listener<H> {

@@ -8,8 +8,11 @@ use http::{HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use super::connection::ServedBody;
-use crate::report::Chain;
+use bloomgate_core::report::Chain;
+
+/// What a connection answers with: a refusal the server made itself (this module's 414),
+/// or the handler's response.
+pub(super) type ServedBody<B> = Either<Full<Bytes>, B>;
 
 /// A request target (path and query) longer than `server.max_uri_bytes`: answered 414
 /// by the server itself, before any handler sees the request.

@@ -5,7 +5,7 @@
 
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use crate::metrics::family;
+use bloomgate_core::metrics::family;
 
 /// The connection families of one data-plane listener.
 #[derive(Clone)]

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::{ConnectionSlots, Handler, Listener, ServeOptions, Transport, accept_loop};
-use crate::report::Chain;
+use bloomgate_core::report::Chain;
 
 /// The runtimes of a plane's serving threads, for the runtime metrics.
 #[derive(Clone, Default)]
@@ -62,7 +62,7 @@ pub async fn serve_per_core<H: Handler>(
         let shared = Arc::new(shared.clone());
         let (slots, shutdown) = (slots.clone(), shutdown.clone());
         let worker = move || {
-            crate::serving::enter(i);
+            bloomgate_core::serving::enter(i);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();

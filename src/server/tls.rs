@@ -13,8 +13,8 @@ use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 
 use super::metrics::ConnectionMetrics;
-use crate::cert::{CertificateError, CertificateFiles, LoadedCertificate, provider};
-use crate::report::Chain;
+use bloomgate_core::cert::{CertificateError, CertificateFiles, LoadedCertificate, provider};
+use bloomgate_core::report::Chain;
 
 /// The ALPN name of HTTP/2.
 pub const ALPN_H2: &[u8] = b"h2";

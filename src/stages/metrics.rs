@@ -1,5 +1,5 @@
 //! Every metric family bloomgate exports, registered together on one registry: the
-//! families of each stage (made beside the stage, see `crate::metrics`) and the few that
+//! families of each stage (made beside the stage, see `bloomgate_core::metrics`) and the few that
 //! count the process as a whole (cache sizes, pass-through, write-through, the access
 //! log, the runtime). Per-route label handles are resolved once at start-up: the request
 //! path only increments.
@@ -7,10 +7,9 @@
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
 use crate::gate::metrics::FilterFamilies;
-use crate::metrics::{clamp_i64, family};
 use crate::origin::metrics::OriginFamilies;
 use crate::pipeline::metrics::{PassthroughMetrics, RouteFamilies};
-use crate::reload::metrics::ReloadMetrics;
+use bloomgate_core::metrics::{clamp_i64, family};
 
 /// Every metric family, by concern.
 #[derive(Clone)]
@@ -21,8 +20,6 @@ pub struct Metrics {
     pub filters: FilterFamilies,
     /// Origins (the database, the upstream).
     pub origins: OriginFamilies,
-    /// Configuration reloads.
-    pub reload: ReloadMetrics,
     cache_entries: IntGaugeVec,
     cache_bytes: IntGaugeVec,
     passthrough: IntCounterVec,
@@ -51,7 +48,6 @@ impl Metrics {
             routes: RouteFamilies::register(registry)?,
             filters: FilterFamilies::register(registry)?,
             origins: OriginFamilies::register(registry)?,
-            reload: ReloadMetrics::register(registry)?,
             cache_entries: family(
                 registry,
                 "bloomgate_cache_entries",

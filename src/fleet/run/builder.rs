@@ -12,7 +12,7 @@ use crate::fleet::lease::{self, Lease};
 use crate::fleet::stream::{self, StreamPos};
 use crate::fleet::{Fleet, Member, Role, lock};
 use crate::gate::RebuildReason;
-use crate::report::Chain;
+use bloomgate_core::report::Chain;
 
 impl Fleet {
     /// Holding lease `l`: catch up with what was published, then build and publish.

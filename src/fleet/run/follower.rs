@@ -13,7 +13,7 @@ use crate::fleet::lease::{self, Attempt};
 use crate::fleet::stream;
 use crate::fleet::{Fleet, Member, Role, lock};
 use crate::gate::RebuildReason;
-use crate::report::Chain;
+use bloomgate_core::report::Chain;
 
 impl Fleet {
     /// As a follower: take the lease if it is free, else load a newer generation.

@@ -9,7 +9,7 @@ use crate::fleet::lease::Lease;
 use crate::fleet::stream::StreamPos;
 use crate::fleet::{Fleet, Member, Role, lock};
 use crate::gate::redis_held;
-use crate::report::Chain;
+use bloomgate_core::report::Chain;
 
 impl Fleet {
     pub(super) async fn publish_live(&self, m: &Arc<Member>, l: &Lease) {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::filter::BloomParams;
+use bloomgate_core::filter::BloomParams;
 
 /// Seed, blocks and hashes of the test vectors in docs/redis-gate.md.
 const VECTOR_SEED: u32 = 0x5eed_0001;

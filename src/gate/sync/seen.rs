@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use crate::watermark::Watermark;
+use bloomgate_core::watermark::Watermark;
 
 /// (key, watermark) pairs kept at most. A poll whose window holds more reports all its
 /// rows as changed.

@@ -293,7 +293,7 @@ impl Config {
         }
         self.check_budget(&mut p);
         self.check_fleet(&mut p);
-        self.audit.check(&mut p);
+        self.check_audit(&mut p);
         // Every part that failed to compile left a problem, so with none, all are here.
         p.into_result()?;
         let mut config = self.clone();

@@ -293,6 +293,24 @@ impl Config {
 }
 
 impl Config {
+    /// Records every rule the `[audit]` settings break. Checked whether or not the audit
+    /// is enabled, so that turning it on never meets a value that was refused later.
+    pub(super) fn check_audit(&self, p: &mut Problems) {
+        let a = &self.audit;
+        if !(0.0..=1.0).contains(&a.rate) {
+            p.add(
+                "audit.rate",
+                "must be between 0 and 1 (0.001 checks one refusal in a thousand)",
+            );
+        }
+        if !(1..=10_000).contains(&a.max_per_second) {
+            p.add("audit.max_per_second", "must be between 1 and 10000");
+        }
+        if !(1..=65_536).contains(&a.queue) {
+            p.add("audit.queue", "must be between 1 and 65536");
+        }
+    }
+
     pub(super) fn check_fleet(&self, p: &mut Problems) {
         let Some(f) = &self.fleet else {
             for (name, filter) in &self.filters {
@@ -422,7 +440,7 @@ pub(super) fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
             p.add(at("redis.check_timeout"), "must be between 1ms and 1s");
         }
         let shard = f.redis.shard_bytes;
-        if !(64..=super::model::MAX_SHARD_BYTES).contains(&shard) || !shard.is_multiple_of(64) {
+        if !(64..=super::filters::MAX_SHARD_BYTES).contains(&shard) || !shard.is_multiple_of(64) {
             p.add(
                 at("redis.shard_bytes"),
                 "must be a multiple of 64 between 64 and 536870912",
