@@ -192,7 +192,7 @@ async fn no_false_negative_over_20k_present_keys_and_few_lookups_for_absent_ones
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "exhaustive: scripts/test -- --ignored exhaustive"]
+#[ignore = "exhaustive: benches/exhaustive"]
 async fn exhaustive_no_false_negative_over_100k_present_keys() {
     no_false_negative_and_few_lookups_for_absent_ones(100_000).await;
 }

@@ -608,8 +608,8 @@ async fn an_instance_without_a_copy_asks_redis_about_every_key_and_refuses_no_pr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "exhaustive; run with --ignored"]
-async fn an_instance_without_a_copy_asks_redis_about_each_of_100_000_keys() {
+#[ignore = "exhaustive: benches/exhaustive"]
+async fn exhaustive_an_instance_without_a_copy_asks_redis_about_each_of_100_000_keys() {
     without_a_copy(100_000, 1, 0.012).await;
 }
 
