@@ -16,14 +16,14 @@ use std::time::Duration;
 
 use bloomgate::app::AppError;
 use bloomgate::cert::CertificateFiles;
-use bloomgate::config::Config;
+use bloomgate::config::{Config, ConfigError};
 use bloomgate::db::{Db, DbError, PoolSettings};
-use bloomgate::filter::snapshot::{self, SnapshotError};
+use bloomgate::filter::snapshot::{self, HeaderProblem, SnapshotError};
 use bloomgate::filter::{BloomParams, FilterError};
 use bloomgate::fleet::FleetError;
-use bloomgate::fleet::generation::GenerationError;
-use bloomgate::gate::LoadError;
-use bloomgate::gate::redis_held::HeldError;
+use bloomgate::fleet::generation::{GenerationError, Implausible};
+use bloomgate::gate::redis_held::{BadRecord, HeldError};
+use bloomgate::gate::{LoadError, Mismatch};
 use bloomgate::origin::OriginError;
 use bloomgate::origin::client::UpstreamError;
 use bloomgate::pipeline::error::ProxyError;
@@ -129,6 +129,60 @@ fn failures_of_the_filter_and_fleet_keep_their_cause_as_their_source() {
     let too_large = FilterError::TooLarge { bits: u64::MAX };
     let layout = SnapshotError::Layout(too_large);
     prints_its_cause_once(&layout);
+
+    // Causes that used to be flattened into text are typed, and still said once.
+    let header = SnapshotError::from(HeaderProblem::Hashes(65));
+    prints_its_cause_once(&header);
+    assert_eq!(
+        Chain(&header).to_string(),
+        "snapshot header is inconsistent: hash count 65 is outside 1..=64"
+    );
+    let record = HeldError::from(BadRecord::Field("bits"));
+    prints_its_cause_once(&record);
+    assert_eq!(
+        Chain(&record).to_string(),
+        "the current record is malformed: field bits missing or not a number"
+    );
+    let mismatch = Mismatch::Capacity {
+        built: 10,
+        configured: 20,
+    };
+    let implausible = GenerationError::from(Implausible::from(mismatch.clone()));
+    prints_its_cause_once(&implausible);
+    assert_eq!(
+        Chain(&implausible).to_string(),
+        format!("generation is implausible: {mismatch}")
+    );
+}
+
+#[test]
+fn a_config_that_cannot_be_parsed_keeps_figments_errors() {
+    let e = Config::from_toml_str("[server]\nlisten = 8080\nno_such_field = 1\n")
+        .expect_err("a number for an address and an unknown field");
+    let ConfigError::Parse(figment) = &e else {
+        panic!("{e:?}")
+    };
+    // Each of figment's errors is kept, with its key path, and printed once.
+    let paths: Vec<String> = figment
+        .clone()
+        .into_iter()
+        .map(|one| one.path.join("."))
+        .collect();
+    assert!(!paths.is_empty(), "{figment:?}");
+    let text = Chain(&e).to_string();
+    for path in &paths {
+        assert_eq!(
+            text.matches(&format!("`{path}`")).count(),
+            1,
+            "{path}: {text}"
+        );
+    }
+    let missing = Config::load(Path::new("/nonexistent/bloomgate.toml")).expect_err("no file");
+    assert!(matches!(&missing, ConfigError::Missing(p) if p.ends_with("bloomgate.toml")));
+    assert_eq!(
+        missing.to_string(),
+        "config file /nonexistent/bloomgate.toml does not exist"
+    );
 }
 
 #[tokio::test]

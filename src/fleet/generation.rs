@@ -16,6 +16,7 @@ use redis::aio::ConnectionManager;
 use super::keys::Keys;
 use super::lease::Lease;
 use super::stream::StreamPos;
+use crate::gate::{Mismatch, fits_config};
 use bloomgate_core::config::FilterConfig;
 use bloomgate_core::filter::snapshot::{self, Snapshot, SnapshotError};
 use bloomgate_core::key::{KeyBytes, OwnedKey};
@@ -69,12 +70,54 @@ pub enum GenerationError {
     #[error("generation is not a valid snapshot")]
     Snapshot(#[from] SnapshotError),
     /// A valid snapshot that cannot be the fleet's filter.
-    #[error("generation is implausible: {0}")]
-    Implausible(String),
+    #[error("generation is implausible")]
+    Implausible(#[from] Implausible),
     /// The task that decodes the fetched bytes did not finish (it panicked, or the
     /// runtime is shutting down).
     #[error("generation is implausible: decoder task failed")]
     Decoder(#[source] tokio::task::JoinError),
+}
+
+/// Why a valid snapshot cannot be the fleet's filter (see [`judge`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Implausible {
+    /// Its parameters do not fit this instance's configuration.
+    #[error(transparent)]
+    Mismatch(#[from] Mismatch),
+    /// The snapshot and the `current` record disagree on how many keys it holds.
+    #[error("{found} items in the snapshot, {recorded} in the record")]
+    Items {
+        /// Keys the snapshot says it holds.
+        found: u64,
+        /// Keys the record says.
+        recorded: u64,
+    },
+    /// Far fewer keys than the filter this instance serves.
+    #[error("{found} items, less than half of the {live} this instance holds")]
+    Shrunk {
+        /// Keys the snapshot holds.
+        found: u64,
+        /// Keys of the filter this instance serves.
+        live: u64,
+    },
+    /// Fewer bits set than its key count must set.
+    #[error("{fill:.4} of its bits set where {items} items set about {expected:.4}")]
+    Underfilled {
+        /// Share of bits set.
+        fill: f64,
+        /// Keys it claims to hold.
+        items: u64,
+        /// Share of bits that many keys set.
+        expected: f64,
+    },
+    /// A key admitted before the generation's build started is not in it.
+    #[error("key {key}, admitted at {at}, is missing")]
+    Missing {
+        /// The key.
+        key: OwnedKey,
+        /// Where its admission stands in the change stream.
+        at: StreamPos,
+    },
 }
 
 const PUBLISH: &str = r"
@@ -287,37 +330,44 @@ pub fn judge(
     live_items: Option<u64>,
     recent: &[(StreamPos, OwnedKey)],
 ) -> Result<(), GenerationError> {
-    let bad = |why: String| Err(GenerationError::Implausible(why));
     let p = snap.filter.params();
-    crate::gate::fits_config(p, config).map_err(GenerationError::Implausible)?;
+    fits_config(p, config).map_err(Implausible::Mismatch)?;
     let stats = snap.filter.stats();
     if stats.items != current.items {
-        return bad(format!(
-            "{} items in the snapshot, {} in the record",
-            stats.items, current.items
-        ));
+        return Err(Implausible::Items {
+            found: stats.items,
+            recorded: current.items,
+        }
+        .into());
     }
     if let Some(live) = live_items
         && stats.items < live / 2
     {
-        return bad(format!(
-            "{} items, less than half of the {live} this instance holds",
-            stats.items
-        ));
+        return Err(Implausible::Shrunk {
+            found: stats.items,
+            live,
+        }
+        .into());
     }
     // A Bloom filter holding n keys has about 1 - e^(-kn/m) of its bits set; an
     // honest one is never far below that.
     let expected_fill = 1.0 - (-(f64::from(p.hashes) * stats.items as f64) / p.bits as f64).exp();
     if stats.fill_ratio < expected_fill * 0.5 {
-        return bad(format!(
-            "{:.4} of its bits set where {} items set about {:.4}",
-            stats.fill_ratio, stats.items, expected_fill
-        ));
+        return Err(Implausible::Underfilled {
+            fill: stats.fill_ratio,
+            items: stats.items,
+            expected: expected_fill,
+        }
+        .into());
     }
     let mut bytes = KeyBytes::new();
     for (at, key) in recent {
         if *at <= current.start && !snap.filter.contains(bytes.of(&key.as_norm())) {
-            return bad(format!("key {key}, admitted at {at}, is missing"));
+            return Err(Implausible::Missing {
+                key: key.clone(),
+                at: *at,
+            }
+            .into());
         }
     }
     Ok(())

@@ -434,21 +434,42 @@ pub async fn start_watermark(
     })))
 }
 
+/// How a filter built elsewhere differs from the configuration it would serve.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Mismatch {
+    /// Built for another false-positive rate.
+    #[error("false-positive rate {built} where the config says {configured}")]
+    Rate {
+        /// The filter's rate.
+        built: f64,
+        /// `false_positive_rate` in the config.
+        configured: f64,
+    },
+    /// Built for fewer keys than the config expects.
+    #[error("capacity {built} below the configured {configured}")]
+    Capacity {
+        /// The filter's capacity.
+        built: u64,
+        /// `expected_items` in the config.
+        configured: u64,
+    },
+}
+
 /// Whether a filter built elsewhere (a snapshot file, a fleet generation) with
 /// parameters `p` can serve `config`: the same false-positive rate, and at least the
 /// configured capacity. The error says what differs.
-pub fn fits_config(p: BloomParams, config: &FilterConfig) -> Result<(), String> {
+pub fn fits_config(p: BloomParams, config: &FilterConfig) -> Result<(), Mismatch> {
     if (p.false_positive_rate - config.false_positive_rate).abs() >= 1e-12 {
-        return Err(format!(
-            "false-positive rate {} where the config says {}",
-            p.false_positive_rate, config.false_positive_rate
-        ));
+        return Err(Mismatch::Rate {
+            built: p.false_positive_rate,
+            configured: config.false_positive_rate,
+        });
     }
     if p.expected_items < config.expected_items {
-        return Err(format!(
-            "capacity {} below the configured {}",
-            p.expected_items, config.expected_items
-        ));
+        return Err(Mismatch::Capacity {
+            built: p.expected_items,
+            configured: config.expected_items,
+        });
     }
     Ok(())
 }

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwapOption;
 use tokio::sync::{Notify, watch};
 
-pub use build::{LoadError, fill, fits_config, secret_seed, start_watermark};
+pub use build::{LoadError, Mismatch, fill, fits_config, secret_seed, start_watermark};
 pub use fence::{AdmissionMark, Fence};
 pub use status::{LoadOrigin, LoadResult, LoadStatus, RebuildReason};
 

@@ -30,7 +30,7 @@ use redis::Script;
 use redis::aio::ConnectionLike;
 
 pub use bloomgate_core::config::{DEFAULT_SHARD_BYTES, MAX_SHARD_BYTES};
-use bloomgate_core::filter::{BLOCK_BITS, BloomFilter, MAX_BITS, MAX_OPTIMAL_HASHES, locate};
+use bloomgate_core::filter::{BLOCK_BITS, BloomFilter, locate};
 
 /// The bytes of one block.
 const BLOCK_BYTES: u64 = BLOCK_BITS / 8;
@@ -133,8 +133,8 @@ pub enum HeldError {
     },
     /// The `current` record holds a field that cannot be read, or a layout no filter
     /// can have.
-    #[error("the current record is malformed: {0}")]
-    BadRecord(String),
+    #[error("the current record is malformed")]
+    BadRecord(#[from] BadRecord),
     /// A shard size that is not a whole number of blocks, or larger than Redis allows.
     #[error("shard size {0} is not a multiple of 64 bytes in 64..={MAX_SHARD_BYTES}")]
     ShardSize(u64),
@@ -252,56 +252,6 @@ impl Layout {
             // Positions are below 512.
             positions: probes.map(|p| p as u16).collect(),
         }
-    }
-
-    /// Reads a layout from the fields of a `current` record, refusing any that no
-    /// filter written here can have (the record is input: Redis may hold anything).
-    fn from_fields(fields: &HashMap<String, String>) -> Result<Layout, HeldError> {
-        let field = |name: &str| -> Result<u64, HeldError> {
-            fields
-                .get(name)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| {
-                    HeldError::BadRecord(format!("field {name} missing or not a number"))
-                })
-        };
-        let bad = |why: String| Err(HeldError::BadRecord(why));
-        let bits = field("bits")?;
-        let hashes = field("hashes")?;
-        let shard_blocks = field("shard_blocks")?;
-        let seed = field("seed")?;
-        if bits == 0 || bits > MAX_BITS || !bits.is_multiple_of(BLOCK_BITS) {
-            return bad(format!(
-                "bits {bits} is not a multiple of 512 in 512..={MAX_BITS}"
-            ));
-        }
-        if hashes == 0 || hashes > u64::from(MAX_OPTIMAL_HASHES) {
-            return bad(format!(
-                "hashes {hashes} is not in 1..={MAX_OPTIMAL_HASHES}"
-            ));
-        }
-        if shard_blocks == 0 || shard_blocks > MAX_SHARD_BYTES / BLOCK_BYTES {
-            return bad(format!("shard_blocks {shard_blocks} is out of range"));
-        }
-        let Ok(seed) = u32::try_from(seed) else {
-            return bad(format!("seed {seed} does not fit 32 bits"));
-        };
-        let layout = Layout {
-            generation: field("gen")?,
-            seed,
-            bits,
-            // Checked above to be at most 64.
-            hashes: hashes as u32,
-            shard_blocks,
-            items: field("items")?,
-        };
-        if field("shards")? != layout.shards() {
-            return bad(format!(
-                "shards {} does not match {bits} bits in shards of {shard_blocks} blocks",
-                field("shards")?
-            ));
-        }
-        Ok(layout)
     }
 }
 
@@ -554,6 +504,9 @@ fn unix_ms() -> u64 {
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
+
+mod record;
+pub use record::BadRecord;
 
 #[cfg(test)]
 mod tests;

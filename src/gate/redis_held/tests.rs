@@ -1,5 +1,5 @@
 use super::*;
-use bloomgate_core::filter::BloomParams;
+use bloomgate_core::filter::{BloomParams, MAX_BITS};
 
 /// Seed, blocks and hashes of the test vectors in docs/redis-gate.md.
 const VECTOR_SEED: u32 = 0x5eed_0001;

@@ -35,10 +35,14 @@ pub const ENV_PREFIX: &str = "BLOOMGATE__";
 /// A config that could not be read or does not make sense.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file named does not exist.
+    #[error("config file {} does not exist", .0.display())]
+    Missing(std::path::PathBuf),
     /// The file or an environment variable could not be parsed into the structs
-    /// (unknown field, wrong type, bad duration, …). figment's message names the key path.
-    #[error("{0}")]
-    Parse(String),
+    /// (unknown field, wrong type, bad duration, …): figment's errors, one per problem,
+    /// each printed with its key path and where the value came from.
+    #[error("{}", describe_figment_error(.0))]
+    Parse(Box<figment::Error>),
     /// The values parsed but break rules: every broken rule of the file, in file order,
     /// each naming its field.
     #[error("{}", list_problems(.0))]
@@ -89,10 +93,7 @@ impl Config {
     /// As [`Config::load`], keeping what validation compiled, for `bloomgate::App::build`.
     pub fn load_compiled(path: &Path) -> Result<Compiled, ConfigError> {
         if !path.exists() {
-            return Err(ConfigError::Parse(format!(
-                "config file {} does not exist",
-                path.display()
-            )));
+            return Err(ConfigError::Missing(path.to_owned()));
         }
         Self::extract(Figment::from(Toml::file_exact(path)), true)
     }
@@ -109,14 +110,15 @@ impl Config {
         } else {
             base.extract::<Config>().map_err(Box::new)
         }
-        .map_err(|e| ConfigError::Parse(describe_figment_error(*e)))?;
+        .map_err(ConfigError::Parse)?;
         config.compile()
     }
 }
 
-fn describe_figment_error(e: figment::Error) -> String {
+fn describe_figment_error(e: &figment::Error) -> String {
     // figment keeps one error per problem; report them all, each with its key path.
-    e.into_iter()
+    e.clone()
+        .into_iter()
         .map(|one| {
             let path = one.path.join(".");
             let source = one

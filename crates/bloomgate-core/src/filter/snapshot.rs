@@ -53,7 +53,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tempfile::NamedTempFile;
 
-use super::{BLOCK_BITS, BloomFilter, BloomParams, FilterError, MAX_BITS};
+use super::{BLOCK_BITS, BloomFilter, BloomParams, FilterError, MAX_BITS, MAX_OPTIMAL_HASHES};
 use crate::watermark::Watermark;
 
 /// The first eight bytes of every snapshot file.
@@ -127,8 +127,8 @@ pub enum SnapshotError {
     #[error("unsupported snapshot format version {0}; this build reads version {FORMAT_VERSION}")]
     UnsupportedVersion(u32),
     /// The header contradicts itself or the file length.
-    #[error("snapshot header is inconsistent: {0}")]
-    BadHeader(String),
+    #[error("snapshot header is inconsistent")]
+    BadHeader(#[from] HeaderProblem),
     /// The checksum does not match the contents: the file was damaged after writing.
     #[error(
         "snapshot is corrupted: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
@@ -143,6 +143,41 @@ pub enum SnapshotError {
     /// the writer itself was faulty.
     #[error("snapshot does not hold a valid filter")]
     Layout(#[source] FilterError),
+}
+
+/// How a snapshot's header contradicts itself or the file: each a value no writer of
+/// this format produces.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderProblem {
+    /// The header is shorter than this format version's.
+    #[error("header length {0} is shorter than the {HEADER_LEN} bytes of version {FORMAT_VERSION}")]
+    ShortHeader(u32),
+    /// No filter has this many bits.
+    #[error("bit count {0} is outside 1..={MAX_BITS}")]
+    Bits(u64),
+    /// Filters are made of whole blocks.
+    #[error("bit count {0} is not a multiple of the {BLOCK_BITS}-bit block")]
+    Unaligned(u64),
+    /// Sizing never picks this many hashes; a forged count would make every lookup
+    /// probe billions of bits.
+    #[error("hash count {0} is outside 1..={MAX_OPTIMAL_HASHES}")]
+    Hashes(u32),
+    /// The file is longer than its header says.
+    #[error("the file is {actual} bytes but a header of {bits} bits implies {expected}")]
+    Length {
+        /// The file's size.
+        actual: u64,
+        /// The header's bit count.
+        bits: u64,
+        /// The size those bits imply.
+        expected: u64,
+    },
+    /// A watermark kind this build does not know.
+    #[error("unknown watermark kind {0}")]
+    WatermarkKind(u8),
+    /// A creation time the clock cannot represent.
+    #[error("creation time {0} s after the epoch is out of range")]
+    CreatedAt(u64),
 }
 
 /// A verified snapshot's header and statistics, as `bloomgate filter inspect PATH`
@@ -468,9 +503,7 @@ fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     if (header_len as usize) < HEADER_LEN {
-        return Err(SnapshotError::BadHeader(format!(
-            "header length {header_len} is shorter than the {HEADER_LEN} bytes of version {FORMAT_VERSION}"
-        )));
+        return Err(HeaderProblem::ShortHeader(header_len).into());
     }
     let min_len = u64::from(header_len) + CHECKSUM_LEN as u64;
     if actual < u64::from(header_len) {
@@ -479,35 +512,25 @@ fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
     let header = Header::decode(header_len, rest).ok_or_else(|| truncated(min_len))?;
     let params = header.params;
     if !(1..=MAX_BITS).contains(&params.bits) {
-        return Err(SnapshotError::BadHeader(format!(
-            "bit count {} is outside 1..={MAX_BITS}",
-            params.bits
-        )));
+        return Err(HeaderProblem::Bits(params.bits).into());
     }
     if !params.bits.is_multiple_of(BLOCK_BITS) {
-        return Err(SnapshotError::BadHeader(format!(
-            "bit count {} is not a multiple of the {BLOCK_BITS}-bit block",
-            params.bits
-        )));
+        return Err(HeaderProblem::Unaligned(params.bits).into());
     }
-    if params.hashes == 0 || params.hashes > crate::filter::MAX_OPTIMAL_HASHES {
-        // Sizing never picks more; a forged count would make every lookup probe billions
-        // of bits.
-        return Err(SnapshotError::BadHeader(format!(
-            "hash count {} is outside 1..={}",
-            params.hashes,
-            crate::filter::MAX_OPTIMAL_HASHES
-        )));
+    if params.hashes == 0 || params.hashes > MAX_OPTIMAL_HASHES {
+        return Err(HeaderProblem::Hashes(params.hashes).into());
     }
     let expected = header.file_len();
     if actual < expected {
         return Err(truncated(expected));
     }
     if actual > expected {
-        return Err(SnapshotError::BadHeader(format!(
-            "the file is {actual} bytes but a header of {} bits implies {expected}",
-            params.bits
-        )));
+        return Err(HeaderProblem::Length {
+            actual,
+            bits: params.bits,
+            expected,
+        }
+        .into());
     }
 
     let (body, stored) = bytes
@@ -523,17 +546,12 @@ fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
         0 => None,
         tag => Some(
             Watermark::from_parts(tag, header.watermark_value)
-                .ok_or_else(|| SnapshotError::BadHeader(format!("unknown watermark kind {tag}")))?,
+                .ok_or(HeaderProblem::WatermarkKind(tag))?,
         ),
     };
     let created_at = UNIX_EPOCH
         .checked_add(Duration::from_secs(header.created_at))
-        .ok_or_else(|| {
-            SnapshotError::BadHeader(format!(
-                "creation time {} s after the epoch is out of range",
-                header.created_at
-            ))
-        })?;
+        .ok_or(HeaderProblem::CreatedAt(header.created_at))?;
     let (words, _) = body[header_len as usize..].as_chunks::<8>();
     let words = words.iter().map(|w| u64::from_le_bytes(*w)).collect();
     let filter = BloomFilter::from_raw(params, header.seed, header.items, words)
