@@ -67,6 +67,16 @@ pub enum AppError {
     /// The TLS server config could not be made from the certificate.
     #[error(transparent)]
     Tls(#[from] TlsSetupError),
+    /// A filter in binlog mode cannot follow the server's binary log (a server setting,
+    /// the key column); the message names what to change.
+    #[error("filter {filter}: binlog mode cannot start")]
+    Binlog {
+        /// The filter.
+        filter: String,
+        /// What the server or table lacks.
+        #[source]
+        source: bloomgate_core::db::binlog::BinlogError,
+    },
 }
 
 /// A built, bound, not yet running bloomgate.

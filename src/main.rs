@@ -129,7 +129,11 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
             let chain = Chain(e.as_ref());
             tracing::error!(error = %chain, "bloomgate stopped with an error");
             eprintln!("error: {chain}");
-            if e.downcast_ref::<bloomgate::config::ConfigError>().is_some() {
+            let refused_source = matches!(
+                e.downcast_ref::<bloomgate::app::AppError>(),
+                Some(bloomgate::app::AppError::Binlog { .. })
+            );
+            if e.downcast_ref::<bloomgate::config::ConfigError>().is_some() || refused_source {
                 ExitCode::from(EXIT_CONFIG)
             } else {
                 ExitCode::FAILURE

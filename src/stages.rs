@@ -27,7 +27,7 @@ use crate::server::Tls;
 use bloomgate_core::access_log::AccessLog;
 use bloomgate_core::config::{
     AccessLogConfig, Compiled, CompiledFilter, CompiledOrigin, CompiledUpstream, Config,
-    RouteConfig,
+    RouteConfig, WatermarkKind,
 };
 use bloomgate_core::db::Db;
 
@@ -149,12 +149,21 @@ impl Stages {
         let f = compiled;
         tracing::debug!(filter = %f.name, bits = f.params.bits, hashes = f.params.hashes,
             expected_items = f.params.expected_items, "filter sized");
-        let sync_interval = f.settings.sync.as_ref().map(|s| s.interval);
+        // In binlog mode the stream's heartbeat is what keeps the last sync fresh.
+        let sync_interval = f.settings.sync.as_ref().map(|s| match s.watermark {
+            WatermarkKind::Binlog => s.binlog.heartbeat,
+            _ => s.interval,
+        });
         let handles =
             self.metrics
                 .filters
                 .handles(&f.name, f.settings.false_positive_rate, sync_interval);
-        Arc::new(Filter::new(&f.name, f.settings.clone(), handles))
+        Arc::new(Filter::new(
+            &f.name,
+            f.settings.clone(),
+            f.binlog.clone(),
+            handles,
+        ))
     }
 
     /// Opens the access log `config` asks for, or keeps the open one if its settings are

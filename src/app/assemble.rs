@@ -26,6 +26,7 @@ use crate::server::{ConnectionMetrics, ServingRuntimes, Tls};
 use crate::stages::{Metrics, RouteIds, Stages};
 use bloomgate_core::config::Compiled;
 use bloomgate_core::db::{Db, PoolSettings};
+use bloomgate_core::report::Chain;
 
 /// Local changes waiting for the fleet's appender; past this, a change is dropped
 /// (counted) rather than making a request wait.
@@ -64,6 +65,9 @@ impl App {
             )?),
             None => None,
         };
+        if let Some(db) = &db {
+            check_binlog_sources(db, &compiled).await?;
+        }
         let has_variants = compiled.routes().iter().any(|r| r.has_variants());
         let cache = Arc::new(ResponseCache::new(&config.cache, has_variants));
         let mut admit = Admit::new(Arc::clone(&cache), Vec::new());
@@ -168,4 +172,31 @@ impl App {
             auditor: auditor.map(|a| (a, audit_admit)),
         })
     }
+}
+
+/// Refuses to start when a filter in binlog mode cannot follow the server's binary log
+/// (not in ROW format, no key column, …), naming what to change. A server that cannot
+/// be reached now is no reason to stay down: the filters fail open until it answers, and
+/// the stream checks again before it reads.
+async fn check_binlog_sources(db: &Db, compiled: &Compiled) -> Result<(), AppError> {
+    for f in compiled.filters() {
+        let Some(source) = &f.binlog else { continue };
+        match db.binlog_check(&source.table).await {
+            Ok((server, key)) => {
+                tracing::info!(filter = %f.name, server = %server.version, table = %source.table,
+                    key_column = %key.column, "binlog mode: the server's binary log can be followed");
+            }
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(filter = %f.name, error = %Chain(&e),
+                    "binlog mode: the database cannot be reached to check its binary log settings; they are checked again before the stream starts");
+            }
+            Err(source) => {
+                return Err(AppError::Binlog {
+                    filter: f.name.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
 }

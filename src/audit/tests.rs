@@ -30,7 +30,7 @@ fn filter(name: &str) -> Arc<Filter> {
     let settings = config.filters[name].clone();
     let families = FilterFamilies::register(&Registry::new()).expect("metrics");
     let metrics = families.handles(name, 0.01, Some(INTERVAL));
-    Arc::new(Filter::new(name, settings, metrics))
+    Arc::new(Filter::new(name, settings, None, metrics))
 }
 
 fn found(filter: &Arc<Filter>, key: u64, at: Instant) -> Watch {

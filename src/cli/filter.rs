@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use bloomgate::config::{Config, FilterConfig};
+use bloomgate::config::{Config, FilterConfig, WatermarkKind};
 use bloomgate::db::{Db, PoolSettings};
 use bloomgate::filter::{BloomFilter, BloomParams, snapshot};
 use bloomgate::gate::sync::gaps::Gaps;
@@ -84,15 +84,23 @@ pub async fn build(
         );
         bar.set_message(format!("filter {name}"));
         let started = Instant::now();
-        let (rows, skipped) = fill(
+        let binlog = f
+            .sync
+            .as_ref()
+            .is_some_and(|s| s.watermark == WatermarkKind::Binlog);
+        let filled = fill(
             &db,
             &source,
+            binlog,
             &f.normalize,
             &bloom,
             |n| bar.set_position(n),
             |_| {},
         )
         .await?;
+        let (rows, skipped) = (filled.rows, filled.skipped);
+        // In binlog mode the scan says where the log goes on.
+        let mark = filled.log_position.map(Watermark::Binlog).or(mark);
         bar.finish();
         let took = started.elapsed();
         let info = snapshot::write(&path, &bloom, mark)

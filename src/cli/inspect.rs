@@ -52,6 +52,7 @@ impl fmt::Display for Report<'_> {
         match self.0.watermark {
             Some(w @ Watermark::Int(_)) => writeln!(f, "watermark      integer {w}")?,
             Some(w @ Watermark::TimeMicros(_)) => writeln!(f, "watermark      timestamp {w}")?,
+            Some(w @ Watermark::Binlog(_)) => writeln!(f, "watermark      {w}")?,
             None => writeln!(f, "watermark      none (written without incremental sync)")?,
         }
         let secs = self

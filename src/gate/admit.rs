@@ -227,6 +227,25 @@ impl Admit {
         }
     }
 
+    /// As [`Admit::invalidate`], for several keys of the filter `name` at once (one
+    /// change stream entry per [`MAX_KEYS_PER_ENTRY`] keys).
+    pub async fn invalidate_keys(&self, name: &str, keys: &[OwnedKey]) {
+        if keys.is_empty() {
+            return;
+        }
+        for key in keys {
+            self.invalidate_here(Some(name), key).await;
+        }
+        let filter: Arc<str> = Arc::from(name);
+        self.send(
+            |keys| Change::Invalidate {
+                filter: Arc::clone(&filter),
+                keys,
+            },
+            keys,
+        );
+    }
+
     async fn invalidate_here(&self, name: Option<&str>, key: &OwnedKey) {
         for route in self.routes_of(name) {
             self.cache.invalidate(route, key).await;

@@ -3,7 +3,6 @@
 //! the atomic swap, the snapshot written after it, and the loader task that retries with
 //! backoff and rebuilds on schedule, on request and on capacity. Serving is not here.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -15,14 +14,18 @@ use rand::TryRngCore;
 
 use super::membership::Membership;
 use super::{BuildPhase, Filter, LoadOrigin, LoadResult, LoadStatus, RebuildReason, lock};
-use bloomgate_core::config::{FilterConfig, Normalize, WatermarkKind};
+use bloomgate_core::config::FilterConfig;
 use bloomgate_core::db::Db;
+use bloomgate_core::db::binlog::BinlogError;
 use bloomgate_core::filter::snapshot;
 use bloomgate_core::filter::{BloomFilter, BloomParams};
-use bloomgate_core::key::{KeyBytes, OwnedKey, normalize};
+use bloomgate_core::key::{KeyBytes, OwnedKey};
 use bloomgate_core::metrics::unix_now;
 use bloomgate_core::report::Chain;
 use bloomgate_core::watermark::Watermark;
+
+mod scan;
+pub use scan::{Filled, fill, start_watermark};
 
 /// Why a build failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +39,9 @@ pub enum LoadError {
     /// The operating system's random source failed (no seed can be drawn).
     #[error("cannot draw a random seed")]
     Seed(#[from] rand::rand_core::OsError),
+    /// Binlog mode: the consistent scan, or the server's binary log, failed.
+    #[error("binlog mode")]
+    Binlog(#[from] BinlogError),
 }
 
 /// A source this much larger than capacity sizes the filter from the count.
@@ -138,6 +144,7 @@ impl Filter {
         if let Some(w) = watermark {
             self.advance_watermark(w);
         }
+        self.deletes_rebuilt();
         self.capacity_warned.store(false, Ordering::Relaxed);
         // A capacity crossing of the filter this one replaces does not apply to it: the
         // next admission judges the new one (a follower whose old filter filled up must
@@ -231,6 +238,7 @@ impl Filter {
         if let Some(w) = snap.watermark {
             self.advance_watermark(w);
         }
+        self.deletes_rebuilt();
         let took = started.elapsed();
         self.metrics.snapshot_load(true);
         self.metrics.set_built_at(built_at);
@@ -340,9 +348,10 @@ impl Filter {
         let filter = BloomFilter::new(params, seed);
         self.phase(BuildPhase::Scanning).await;
         let mut listed = HashSet::new();
-        let rows = fill(
+        let filled = fill(
             db,
             &self.source_query,
+            self.binlog_source.is_some(),
             &self.normalize,
             &filter,
             |_| {},
@@ -352,8 +361,10 @@ impl Filter {
                 }
             },
         )
-        .await;
-        let (rows, skipped) = rows?;
+        .await?;
+        let (rows, skipped) = (filled.rows, filled.skipped);
+        // In binlog mode the scan says where the log goes on.
+        let start_mark = filled.log_position.map(Watermark::Binlog).or(start_mark);
         self.phase(BuildPhase::Swapping).await;
         {
             let mut admissions = lock(&self.admissions);
@@ -369,6 +380,7 @@ impl Filter {
         if let Some(m) = start_mark {
             self.start_sync_at(m);
         }
+        self.deletes_rebuilt();
         self.metrics.set_ready(true);
         self.phase(BuildPhase::Swapped).await;
         Ok(((rows, skipped), start_mark))
@@ -412,28 +424,6 @@ impl Filter {
     }
 }
 
-/// The watermark a full build covers up to: from the sync start query, or (timestamps
-/// without one) this host's clock. `None` without sync.
-pub async fn start_watermark(
-    config: &FilterConfig,
-    db: &Db,
-) -> Result<Option<Watermark>, LoadError> {
-    let Some(sync) = &config.sync else {
-        return Ok(None);
-    };
-    let fetched = match &sync.start_query {
-        Some(q) => {
-            db.fetch_watermark(&Arc::from(q.as_str()), sync.watermark)
-                .await?
-        }
-        None => None,
-    };
-    Ok(Some(fetched.unwrap_or(match sync.watermark {
-        WatermarkKind::Integer => Watermark::Int(i64::MIN),
-        WatermarkKind::Timestamp => Watermark::TimeMicros(chrono::Utc::now().timestamp_micros()),
-    })))
-}
-
 /// How a filter built elsewhere differs from the configuration it would serve.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Mismatch {
@@ -474,40 +464,6 @@ pub fn fits_config(p: BloomParams, config: &FilterConfig) -> Result<(), Mismatch
     Ok(())
 }
 
-/// Streams `source` into `filter`, normalising each key with `rule`; `progress` is called
-/// every 65,536 rows with the rows read so far, and `listed` with each key's canonical
-/// bytes. Returns (rows, keys skipped).
-pub async fn fill(
-    db: &Db,
-    source: &Arc<str>,
-    rule: &Normalize,
-    filter: &BloomFilter,
-    mut progress: impl FnMut(u64),
-    mut listed: impl FnMut(&[u8]),
-) -> Result<(u64, u64), LoadError> {
-    let mut bytes = KeyBytes::new();
-    let mut skipped = 0u64;
-    let mut seen = 0u64;
-    let rows = db
-        .for_each_key(source, |raw| {
-            match normalize(rule, Cow::Borrowed(raw)) {
-                Ok(key) => {
-                    let b = bytes.of(&key);
-                    filter.insert(b);
-                    listed(b);
-                }
-                Err(_) => skipped += 1,
-            }
-            seen += 1;
-            if seen.is_multiple_of(65_536) {
-                progress(seen);
-            }
-        })
-        .await?;
-    progress(rows);
-    Ok((rows, skipped))
-}
-
 /// A fresh secret seed from the operating system's random source, so nobody outside
 /// can compute which absent keys this filter lets through.
 pub fn secret_seed() -> Result<u32, LoadError> {
@@ -524,6 +480,7 @@ mod tests {
     use std::error::Error as StdError;
 
     use super::*;
+    use bloomgate_core::config::Normalize;
     use bloomgate_core::db::{DbError, PoolSettings};
 
     #[tokio::test]
@@ -533,6 +490,7 @@ mod tests {
         let err = fill(
             &db,
             &Arc::from("SELECT id FROM no_such_table"),
+            false,
             &Normalize::Integer,
             &filter,
             |_| {},

@@ -1,10 +1,14 @@
 //! The metric families of filters (size and fill, readiness, loads and snapshots,
-//! sync, its gaps and its changed rows, admissions) and the handles one filter resolves once.
+//! sync, its gaps and its changed rows, admissions) and the handles one filter resolves
+//! once; binlog mode's are in `metrics::binlog`.
+
+pub mod binlog;
 
 use std::time::Duration;
 
 use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
+use binlog::{BinlogFamilies, BinlogMetrics};
 use bloomgate_core::filter::FilterStats;
 use bloomgate_core::metrics::{clamp_i64, family};
 
@@ -39,6 +43,7 @@ pub struct FilterFamilies {
     sync_interval: GaugeVec,
     redis_checks: IntCounterVec,
     redis_writes: IntCounterVec,
+    binlog: BinlogFamilies,
 }
 
 impl FilterFamilies {
@@ -210,9 +215,10 @@ impl FilterFamilies {
             sync_interval: family(
                 registry,
                 "bloomgate_filter_sync_interval_seconds",
-                "The configured incremental sync interval; only filters with sync have it.",
+                "The configured incremental sync interval (in binlog mode, the heartbeat); only filters with sync have it.",
                 &["filter"],
             )?,
+            binlog: BinlogFamilies::register(registry)?,
         })
     }
 
@@ -263,6 +269,7 @@ impl FilterFamilies {
             redis_absent: self.redis_checks.with_label_values(&[filter, "absent"]),
             redis_none: self.redis_checks.with_label_values(&[filter, "none"]),
             redis_writes: self.redis_writes.clone(),
+            binlog: self.binlog.handles(filter),
             name: std::sync::Arc::from(filter),
         }
     }
@@ -303,6 +310,8 @@ pub struct FilterMetrics {
     redis_absent: IntCounter,
     redis_none: IntCounter,
     redis_writes: IntCounterVec,
+    /// Binlog mode's handles.
+    pub binlog: BinlogMetrics,
     name: std::sync::Arc<str>,
 }
 
@@ -385,9 +394,21 @@ impl FilterMetrics {
         }
     }
 
+    /// Binlog mode: a transaction (or a heartbeat) read from the log, with the keys it
+    /// admitted; the stream has no polls to count.
+    pub fn record_streamed(&self, keys: u64, finished_unix: f64) {
+        self.sync_keys.inc_by(keys);
+        self.last_sync.set(finished_unix);
+    }
+
     /// Admitted keys that no build's source has listed yet.
     pub fn set_unconfirmed(&self, keys: usize) {
         self.unconfirmed_keys.set(clamp_i64(keys as u64));
+    }
+
+    /// Binlog mode: the keys deleted since the build and the effective rate.
+    pub fn set_deletes(&self, deleted: u64, effective_fpp: f64) {
+        self.binlog.set_deletes(deleted, effective_fpp);
     }
 
     /// Freshness lag: now minus the newest change applied, in seconds.

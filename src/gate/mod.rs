@@ -19,6 +19,7 @@
 mod admissions;
 pub mod admit;
 mod build;
+mod deletes;
 mod fence;
 pub mod held;
 pub mod membership;
@@ -35,13 +36,13 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwapOption;
 use tokio::sync::{Notify, watch};
 
-pub use build::{LoadError, Mismatch, fill, fits_config, secret_seed, start_watermark};
+pub use build::{Filled, LoadError, Mismatch, fill, fits_config, secret_seed, start_watermark};
 pub use fence::{AdmissionMark, Fence};
 pub use status::{LoadOrigin, LoadResult, LoadStatus, RebuildReason};
 
 use crate::gate::metrics::FilterMetrics;
 use admissions::Admissions;
-use bloomgate_core::config::{FilterConfig, Normalize};
+use bloomgate_core::config::{BinlogSource, FilterConfig, Normalize};
 use fence::FENCE_STRIPES;
 use membership::{Membership, Probe};
 use position::SyncPosition;
@@ -119,11 +120,22 @@ pub struct Filter {
     /// Off only on an instance that holds no copy of a filter held in Redis
     /// (`redis.local_copy = false`) and does not build it: nothing would replay them.
     keeps_admissions: AtomicBool,
+    /// Binlog mode: the table and key column the source query scans and the replication
+    /// URL (as compiled); its changes are read from the binary log.
+    binlog_source: Option<BinlogSource>,
+    /// Binlog mode: a rebuild for deleted keys has been asked for and not started yet.
+    deletes_rebuild_pending: AtomicBool,
 }
 
 impl Filter {
     /// A gate with no filter loaded (it fails open until its loader succeeds).
-    pub fn new(name: &str, config: FilterConfig, metrics: FilterMetrics) -> Filter {
+    /// `binlog_source` is what the source query scans, in binlog mode.
+    pub fn new(
+        name: &str,
+        config: FilterConfig,
+        binlog_source: Option<BinlogSource>,
+        metrics: FilterMetrics,
+    ) -> Filter {
         metrics.set_ready(false);
         let source_query = Arc::from(config.source_query.as_str());
         let position = SyncPosition::new(&config);
@@ -147,7 +159,15 @@ impl Filter {
             metrics,
             held: std::sync::OnceLock::new(),
             keeps_admissions: AtomicBool::new(true),
+            binlog_source,
+            deletes_rebuild_pending: AtomicBool::new(false),
         }
+    }
+
+    /// Binlog mode: the table and key column the source query scans, and the
+    /// replication URL.
+    pub fn binlog_source(&self) -> Option<&BinlogSource> {
+        self.binlog_source.as_ref()
     }
 
     /// The filter's name.

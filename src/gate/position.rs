@@ -1,14 +1,16 @@
 //! Where a filter's incremental sync stands: the watermark it has read up to, the id
 //! gaps below it that no poll has read yet (see `gate::sync::gaps`), and when the latest
-//! poll succeeded. The sync loop (`gate::sync`) and the builds (`gate::build`) move it;
-//! the admin API and the audit read it.
+//! poll succeeded; in binlog mode, the log position, how many times the stream had to
+//! start again from a new filter's position, and the keys deleted since. The sync loops
+//! (`gate::sync`) and the builds (`gate::build`) move it; the admin API and the audit
+//! read it.
 
 use std::time::Instant;
 
 use super::sync::gaps::{Gaps, MAX_OPEN_RANGES, PollGaps};
 use super::{Filter, lock};
 use bloomgate_core::config::FilterConfig;
-use bloomgate_core::watermark::Watermark;
+use bloomgate_core::watermark::{BinlogMark, Watermark};
 
 impl Filter {
     /// The current sync watermark: the largest value sync or a build has reached.
@@ -16,9 +18,51 @@ impl Filter {
         lock(&self.watermark).mark
     }
 
-    /// Moves the sync watermark forward (never back).
+    /// Moves the sync watermark forward (never back). A binlog position comes with a
+    /// filter that was built or loaded there: the stream starts again from it.
     pub fn advance_watermark(&self, to: Watermark) {
         lock(&self.watermark).advance(to);
+    }
+
+    /// Binlog mode: where the stream resumes from, and the count of restarts the
+    /// position has seen (a build or load sets a new one; see
+    /// [`Filter::advance_binlog`]).
+    pub fn binlog_position(&self) -> Option<(BinlogMark, u64)> {
+        let p = lock(&self.watermark);
+        match p.mark {
+            Some(Watermark::Binlog(m)) => Some((m, p.restarts)),
+            _ => None,
+        }
+    }
+
+    /// Binlog mode: the stream started at restart `restart` has applied everything
+    /// before `at`. False, and nothing moves, when a build or load has set a new
+    /// position since: the stream must start again from there.
+    pub fn advance_binlog(&self, restart: u64, at: BinlogMark) -> bool {
+        let mut p = lock(&self.watermark);
+        if p.restarts != restart {
+            return false;
+        }
+        p.mark = Some(Watermark::Binlog(at));
+        true
+    }
+
+    /// Binlog mode: counts `keys` deleted from the source by the stream started at
+    /// `restart`, and returns the count since the filter's position; `None` when a new
+    /// position was set since (the count starts over from it).
+    pub fn count_deleted(&self, restart: u64, keys: u64) -> Option<u64> {
+        let mut p = lock(&self.watermark);
+        if p.restarts != restart {
+            return None;
+        }
+        p.deleted += keys;
+        Some(p.deleted)
+    }
+
+    /// Binlog mode: source keys deleted since the filter's position, whose bits are
+    /// still set.
+    pub fn deleted_keys(&self) -> u64 {
+        lock(&self.watermark).deleted
     }
 
     /// Where a poll computed from `mark` starts: for integer watermarks, the lowest open
@@ -101,6 +145,11 @@ pub(super) struct SyncPosition {
     gaps: Gaps,
     /// When the latest successful poll on this instance started.
     synced_from: Option<Instant>,
+    /// Binlog mode: how many times a build or load set a new position (the stream
+    /// compares it with the one it started from).
+    restarts: u64,
+    /// Binlog mode: source keys deleted since the position.
+    deleted: u64,
 }
 
 impl SyncPosition {
@@ -113,11 +162,21 @@ impl SyncPosition {
             mark: None,
             gaps,
             synced_from: None,
+            restarts: 0,
+            deleted: 0,
         }
     }
 
-    /// Moves the mark forward; true if it moved.
+    /// Moves the mark forward; true if it moved. A binlog position is a filter's own
+    /// (built or loaded there): it replaces the mark, whatever the stream had reached,
+    /// and the stream starts again from it, counting deletes afresh.
     fn advance(&mut self, to: Watermark) -> bool {
+        if let Watermark::Binlog(_) = to {
+            self.mark = Some(to);
+            self.restarts += 1;
+            self.deleted = 0;
+            return true;
+        }
         let ahead = self.mark.is_none_or(|cur| to > cur);
         if ahead {
             self.mark = Some(to);

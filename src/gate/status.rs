@@ -75,6 +75,12 @@ pub enum RebuildReason {
     Published,
     /// A configuration reload changed the filter's sizing.
     Reload,
+    /// Binlog mode: the keys deleted from the source raised the effective
+    /// false-positive rate to its bound.
+    Deletes,
+    /// Binlog mode: the log cannot be followed on from the filter's position (purged,
+    /// another server's), or a statement changed the table without row events.
+    Binlog,
 }
 
 impl RebuildReason {
@@ -87,6 +93,8 @@ impl RebuildReason {
             RebuildReason::Capacity => "capacity",
             RebuildReason::Published => "published",
             RebuildReason::Reload => "reload",
+            RebuildReason::Deletes => "deletes",
+            RebuildReason::Binlog => "binlog",
         }
     }
 }

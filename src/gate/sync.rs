@@ -12,6 +12,7 @@
 //! (an auto-increment id) moves only when a row is inserted: sync sees new rows, and
 //! cached rows follow their updates only when their TTL ends.
 
+pub mod binlog;
 pub mod gaps;
 pub mod seen;
 
@@ -23,7 +24,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::admit::{Admit, Forget};
 use crate::gate::Filter;
-use bloomgate_core::config::SyncConfig;
+use bloomgate_core::config::{SyncConfig, WatermarkKind};
 use bloomgate_core::db::Db;
 use bloomgate_core::key::{KeyBytes, OwnedKey, normalize};
 use bloomgate_core::metrics::unix_now;
@@ -51,12 +52,19 @@ pub async fn run(filter: Arc<Filter>, admit: Arc<Admit>, db: Db) {
     }
 }
 
-/// Polls every `sync.interval` for ever; never resolves without sync.
+/// Polls every `sync.interval` for ever, or in binlog mode follows the binary log;
+/// never resolves without sync.
 async fn poll_forever(filter: &Filter, admit: &Admit, db: &Db, sync: Option<SyncConfig>) {
     let Some(sync) = sync else {
         return std::future::pending().await;
     };
-    let query: Arc<str> = Arc::from(sync.query.as_str());
+    if sync.watermark == WatermarkKind::Binlog {
+        return binlog::follow(filter, admit, db, &sync).await;
+    }
+    let Some(query) = sync.query.as_deref().map(Arc::<str>::from) else {
+        // Refused by validation: polling needs its query.
+        return std::future::pending().await;
+    };
     let mut ticker = tokio::time::interval(sync.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     ticker.tick().await;
@@ -127,6 +135,8 @@ pub async fn poll_once(
                         filter.advance_watermark(w);
                     }
                 }
+                // Never polled (binlog mode follows the log).
+                Watermark::Binlog(_) => {}
             }
             if let Some(Watermark::TimeMicros(us)) = filter.watermark() {
                 let lag = (unix_now() - us as f64 / 1e6).max(0.0);
@@ -214,6 +224,7 @@ fn start_point(filter: &Filter, mark: Watermark, sync: &SyncConfig) -> Watermark
             Watermark::TimeMicros(us.saturating_sub(overlap))
         }
         Watermark::Int(_) => filter.sync_poll_start(mark),
+        Watermark::Binlog(_) => mark,
     }
 }
 

@@ -11,8 +11,9 @@
 //! as a parameter, never spliced into the text.
 //!
 //! Files: `render.rs` turns values into JSON and key strings, `seed.rs` fills the demo
-//! `products` table.
+//! `products` table, `binlog/` reads the binary log (binlog mode).
 
+pub mod binlog;
 mod changes;
 mod render;
 mod seed;

@@ -11,10 +11,12 @@ use std::time::Duration;
 use http::uri::Authority;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 
+use super::source::{BinlogSource, SourceTable};
 use super::validate::Problems;
 use super::{
     Config, ConfigError, FilterConfig, KeySource, Normalize, OriginConfig, RouteConfig, RouteMode,
-    StaleWindows, TlsConfig, UndeclaredQuery, UpstreamConfig, WriteKey, WriteThroughConfig,
+    StaleWindows, TlsConfig, UndeclaredQuery, UpstreamConfig, WatermarkKind, WriteKey,
+    WriteThroughConfig,
 };
 use crate::cert::CertificateFiles;
 use crate::cert::{CertFile, LoadedCertificate};
@@ -148,6 +150,9 @@ pub struct CompiledFilter {
     /// `BloomParams::optimal` of `expected_items` and `false_positive_rate`: the size of
     /// a build that finds no more keys than expected.
     pub params: BloomParams,
+    /// In binlog mode, the table and key column `source_query` scans, and the
+    /// replication URL.
+    pub binlog: Option<BinlogSource>,
 }
 
 /// One guarded route, ready to match requests.
@@ -261,11 +266,13 @@ impl Config {
         let mut filters = Vec::with_capacity(self.filters.len());
         for (name, f) in &self.filters {
             super::validate::check_filter(name, f, &mut p);
+            let binlog = self.binlog_source(name, f, &mut p);
             if let Some(params) = filter_params(name, f, &mut p) {
                 filters.push(CompiledFilter {
                     name: name.clone(),
                     settings: f.clone(),
                     params,
+                    binlog,
                 });
             }
         }
@@ -420,6 +427,47 @@ impl Config {
             },
             origin,
         })
+    }
+}
+
+impl Config {
+    /// In binlog mode, what `source_query` scans; a problem when it is not a plain scan
+    /// of one table, or when the database is not MySQL or MariaDB (SQLite has no binary
+    /// log). `None` in the other modes.
+    fn binlog_source(
+        &self,
+        name: &str,
+        f: &FilterConfig,
+        p: &mut Problems,
+    ) -> Option<BinlogSource> {
+        let sync = f.sync.as_ref()?;
+        if sync.watermark != WatermarkKind::Binlog {
+            return None;
+        }
+        let database = self.database.as_ref().map_or("", |d| d.url.as_str());
+        let mysql = |url: &str| url.starts_with("mysql:") || url.starts_with("mariadb:");
+        if !mysql(database) {
+            p.add(
+                format!("filters.{name}.sync.watermark"),
+                "binlog mode needs a MySQL or MariaDB database (database.url mysql://…)",
+            );
+        }
+        let url = sync
+            .binlog
+            .url
+            .clone()
+            .unwrap_or_else(|| database.to_owned());
+        if sync.binlog.url.is_some() && !mysql(&url) {
+            p.add(
+                format!("filters.{name}.sync.binlog.url"),
+                "must be a mysql:// or mariadb:// URL",
+            );
+        }
+        let table = p.check(
+            format!("filters.{name}.source_query"),
+            SourceTable::parse(&f.source_query),
+        )?;
+        Some(BinlogSource { table, url })
     }
 }
 

@@ -112,14 +112,17 @@ fn default_shard_bytes() -> u64 {
 }
 
 /// Incremental sync: a query polled on an interval that returns keys changed since a
-/// watermark.
+/// watermark, or the server's binary log read as a replica (`watermark = "binlog"`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SyncConfig {
-    /// Two columns, the key and the watermark, with one `?` bound to the watermark, e.g.
+    /// Polling only (required there, refused with `binlog`): two columns, the key and the
+    /// watermark, with one `?` bound to the watermark, e.g.
     /// `SELECT sku_id, updated_at FROM products WHERE updated_at >= ?`.
-    pub query: String,
-    /// What the watermark column holds.
+    #[serde(default)]
+    pub query: Option<String>,
+    /// What the watermark is: a timestamp or integer column that polls read, or the
+    /// position in the server's binary log.
     #[serde(default)]
     pub watermark: WatermarkKind,
     /// Returns the watermark to start from just before a full build (one row, one column),
@@ -143,6 +146,52 @@ pub struct SyncConfig {
     /// write transaction.
     #[serde(default = "default_sync_gap_timeout", with = "humantime_serde")]
     pub gap_timeout: Duration,
+    /// `watermark = "binlog"`: how the binary log is read.
+    #[serde(default)]
+    pub binlog: BinlogConfig,
+}
+
+/// Reading the source table's changes from the server's binary log, as a replica does
+/// (`watermark = "binlog"`, MySQL 8 and MariaDB 10.6 or later).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BinlogConfig {
+    /// The replica id bloomgate registers with; unique among the server's replicas.
+    /// Unset: derived from the filter's name, in 1,000,000,000..2,000,000,000, a range
+    /// replicas numbered by hand rarely reach.
+    #[serde(default)]
+    pub server_id: Option<u32>,
+    /// The replication connection, for a user with `REPLICATION SLAVE` and
+    /// `REPLICATION CLIENT` (and SELECT on the table). Unset: `database.url`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// How often the server sends a heartbeat while it has no event to send; a stream
+    /// silent for three heartbeats is taken for lost and reconnected.
+    #[serde(default = "default_binlog_heartbeat", with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Rebuild when the effective false-positive rate (the deleted keys' bits are still
+    /// set) reaches this multiple of `false_positive_rate`.
+    #[serde(default = "default_effective_rate_rebuild")]
+    pub effective_rate_rebuild: f64,
+}
+
+impl Default for BinlogConfig {
+    fn default() -> Self {
+        BinlogConfig {
+            server_id: None,
+            url: None,
+            heartbeat: default_binlog_heartbeat(),
+            effective_rate_rebuild: default_effective_rate_rebuild(),
+        }
+    }
+}
+
+fn default_binlog_heartbeat() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_effective_rate_rebuild() -> f64 {
+    1.5
 }
 
 /// The type of the sync watermark column.
@@ -154,6 +203,9 @@ pub enum WatermarkKind {
     Timestamp,
     /// An integer column such as an auto-increment id.
     Integer,
+    /// No column: the position in the server's binary log, which every committed insert,
+    /// update and delete of the source table is read from.
+    Binlog,
 }
 
 fn default_capacity_warn() -> f64 {

@@ -12,6 +12,7 @@ pub mod model;
 mod origins;
 mod routes;
 mod server;
+mod source;
 mod validate;
 
 use std::path::Path;
@@ -26,6 +27,7 @@ pub use compile::{
 };
 pub use model::*;
 pub use origins::{BreakerConfig, OriginLimits};
+pub use source::{BinlogSource, NotAPlainScan, SourceTable};
 
 /// Prefix of the environment variables that override config fields; nested fields are
 /// separated by a double underscore: `BLOOMGATE__SERVER__LISTEN=0.0.0.0:8081`. A field

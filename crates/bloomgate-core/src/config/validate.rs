@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::{
     Backend, BreakerConfig, Config, ConfigError, FilterConfig, Normalize, OriginConfig,
-    OutcomeHeaderPolicy, Problem, RouteConfig, WatermarkKind,
+    OutcomeHeaderPolicy, Problem, RouteConfig, SyncConfig, WatermarkKind,
 };
 
 /// Smallest byte bound of a cache: a few hundred entries.
@@ -408,25 +408,7 @@ pub(super) fn check_filter(name: &str, f: &FilterConfig, p: &mut Problems) {
         p.add(at("rebuild_interval"), "must be at least 1s");
     }
     if let Some(sync) = &f.sync {
-        let marks = sync.query.matches('?').count();
-        if marks != 1 {
-            p.add(
-                at("sync.query"),
-                format!("needs exactly one `?` placeholder for the watermark, found {marks}"),
-            );
-        }
-        if sync.interval.is_zero() {
-            p.add(at("sync.interval"), "must be greater than 0");
-        }
-        if sync.gap_timeout.is_zero() {
-            p.add(at("sync.gap_timeout"), "must be greater than 0");
-        }
-        if sync.watermark == WatermarkKind::Integer && sync.start_query.is_none() {
-            p.add(
-                at("sync.start_query"),
-                "integer watermarks need a start query, e.g. SELECT MAX(id) FROM products",
-            );
-        }
+        check_sync(sync, &at, p);
     }
     if f.backend != Backend::Redis && !f.redis.local_copy {
         p.add(
@@ -471,6 +453,65 @@ fn is_identifier(s: &str) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+/// The rules of a filter's `[sync]`: a poll query for the polling watermarks, none for
+/// binlog mode, and each mode's own settings in range.
+fn check_sync(sync: &SyncConfig, at: &dyn Fn(&str) -> String, p: &mut Problems) {
+    if sync.watermark == WatermarkKind::Binlog {
+        for (field, set) in [
+            ("sync.query", sync.query.is_some()),
+            ("sync.start_query", sync.start_query.is_some()),
+        ] {
+            if set {
+                p.add(
+                    at(field),
+                    "binlog mode reads the binary log, not a query: leave it out",
+                );
+            }
+        }
+        let b = &sync.binlog;
+        if b.server_id == Some(0) {
+            p.add(at("sync.binlog.server_id"), "must be greater than 0");
+        }
+        if b.heartbeat < Duration::from_millis(100) || b.heartbeat > Duration::from_secs(60) {
+            p.add(at("sync.binlog.heartbeat"), "must be between 100ms and 60s");
+        }
+        if !(b.effective_rate_rebuild > 1.0 && b.effective_rate_rebuild <= 100.0) {
+            p.add(
+                at("sync.binlog.effective_rate_rebuild"),
+                "must be greater than 1 and at most 100 (a multiple of false_positive_rate)",
+            );
+        }
+        return;
+    }
+    match &sync.query {
+        None => p.add(
+            at("sync.query"),
+            "required: the poll query (or watermark = \"binlog\" to read the binary log)",
+        ),
+        Some(query) => {
+            let marks = query.matches('?').count();
+            if marks != 1 {
+                p.add(
+                    at("sync.query"),
+                    format!("needs exactly one `?` placeholder for the watermark, found {marks}"),
+                );
+            }
+        }
+    }
+    if sync.interval.is_zero() {
+        p.add(at("sync.interval"), "must be greater than 0");
+    }
+    if sync.gap_timeout.is_zero() {
+        p.add(at("sync.gap_timeout"), "must be greater than 0");
+    }
+    if sync.watermark == WatermarkKind::Integer && sync.start_query.is_none() {
+        p.add(
+            at("sync.start_query"),
+            "integer watermarks need a start query, e.g. SELECT MAX(id) FROM products",
+        );
+    }
+}
 
 /// The concurrency bound and the breaker of origin `section`.
 fn check_limits(p: &mut Problems, section: &str, max_in_flight: Option<usize>, b: &BreakerConfig) {

@@ -33,6 +33,8 @@ impl Db {
                 let q = match since {
                     Watermark::Int(v) => q.bind(v),
                     Watermark::TimeMicros(us) => q.bind(naive(us)),
+                    // Binlog mode never polls; a position binds as its packed value.
+                    Watermark::Binlog(m) => q.bind(m.packed()),
                 };
                 let mut rows = q.fetch(pool);
                 let mut key_kind = None;
@@ -50,6 +52,8 @@ impl Db {
                 let q = match since {
                     Watermark::Int(v) => q.bind(v),
                     Watermark::TimeMicros(us) => q.bind(naive(us)),
+                    // Binlog mode never polls; a position binds as its packed value.
+                    Watermark::Binlog(m) => q.bind(m.packed()),
                 };
                 let mut rows = q.fetch(pool);
                 while let Some(row) = rows.try_next().await? {
@@ -115,6 +119,8 @@ fn mysql_watermark(row: &MySqlRow, i: usize, kind: WatermarkKind) -> Option<Wate
                     .map(|n| n.and_utc())
             })
             .map(|t| Watermark::TimeMicros(t.timestamp_micros())),
+        // Read from the binary log, never from a column.
+        WatermarkKind::Binlog => None,
     }
 }
 
@@ -132,5 +138,6 @@ fn sqlite_watermark(row: &SqliteRow, i: usize, kind: WatermarkKind) -> Option<Wa
             .map(|n| n.and_utc())
             .or_else(|| row.try_get::<Option<DateTime<Utc>>, _>(i).ok().flatten())
             .map(|t| Watermark::TimeMicros(t.timestamp_micros())),
+        WatermarkKind::Binlog => None,
     }
 }

@@ -21,6 +21,7 @@
 //! | 56      | 1     | watermark tag       | u8: 0 none, else [`Watermark::tag`]               |
 //! | 57      | 8     | watermark value     | i64, [`Watermark::value`]; 0 when the tag is 0    |
 //! | 65      | 8     | created at          | u64, Unix seconds                                 |
+//! | 73      | 16    | binlog GTID         | only when `H` ≥ 89 and the tag is 3 (a binlog position): domain u32, server u32, sequence u64 |
 //! | `H`     | `8w`  | words               | u64 each; bit `i` is bit `i % 64` of word `i / 64` |
 //! | `H+8w`  | 4     | checksum            | u32, CRC-32 (IEEE) of every byte before it        |
 //!
@@ -30,7 +31,9 @@
 //!
 //! A version 2 reader accepts `H > 73` and skips the header bytes it does not know (the
 //! checksum still covers them), so a field can be appended without a new version; any
-//! other change to the layout takes a new version, which older readers refuse.
+//! other change to the layout takes a new version, which older readers refuse. The GTID
+//! of a binlog position is such a field: written only with one (`H` = 89), and read by a
+//! reader that knows it.
 //!
 //! The seed is a secret: whoever knows it can compute keys that collide in the filter.
 //! Snapshot files are created readable by their owner only (on Unix), and
@@ -54,7 +57,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tempfile::NamedTempFile;
 
 use super::{BLOCK_BITS, BloomFilter, BloomParams, FilterError, MAX_BITS, MAX_OPTIMAL_HASHES};
-use crate::watermark::Watermark;
+use crate::watermark::{BinlogMark, Gtid, Watermark};
 
 /// The first eight bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"BLOOMGT\0";
@@ -363,13 +366,23 @@ struct Header {
     watermark_value: i64,
     /// Unix seconds.
     created_at: u64,
+    /// The GTID of a binlog watermark, in the appended field.
+    gtid: Option<Gtid>,
 }
+
+/// Bytes of the appended GTID field.
+const GTID_LEN: usize = 16;
 
 impl Header {
     /// The header of a snapshot of `filter` taken at `now`.
     fn of(filter: &BloomFilter, watermark: Option<Watermark>, now: SystemTime) -> Self {
+        let gtid = match watermark {
+            Some(Watermark::Binlog(m)) => m.gtid,
+            _ => None,
+        };
         Self {
-            header_len: HEADER_LEN as u32,
+            header_len: (HEADER_LEN + gtid.map_or(0, |_| GTID_LEN)) as u32,
+            gtid,
             params: filter.params(),
             seed: filter.seed(),
             items: filter.items(),
@@ -385,7 +398,7 @@ impl Header {
         u64::from(self.header_len) + self.params.bits / 8 + CHECKSUM_LEN as u64
     }
 
-    /// The header bytes as written: magic, version and the fields, [`HEADER_LEN`] bytes.
+    /// The header bytes as written: magic, version and the fields, `header_len` bytes.
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_LEN);
         out.extend_from_slice(&MAGIC);
@@ -400,7 +413,12 @@ impl Header {
         out.push(self.watermark_tag);
         out.extend_from_slice(&self.watermark_value.to_le_bytes());
         out.extend_from_slice(&self.created_at.to_le_bytes());
-        debug_assert_eq!(out.len(), HEADER_LEN);
+        if let Some(g) = self.gtid {
+            out.extend_from_slice(&g.domain.to_le_bytes());
+            out.extend_from_slice(&g.server.to_le_bytes());
+            out.extend_from_slice(&g.seq.to_le_bytes());
+        }
+        debug_assert_eq!(out.len(), self.header_len as usize);
         out
     }
 
@@ -424,6 +442,15 @@ impl Header {
             watermark_tag: r.take::<1>()?[0],
             watermark_value: i64::from_le_bytes(r.take()?),
             created_at: r.u64()?,
+            gtid: if header_len as usize >= HEADER_LEN + GTID_LEN {
+                Some(Gtid {
+                    domain: r.u32()?,
+                    server: r.u32()?,
+                    seq: r.u64()?,
+                })
+            } else {
+                None
+            },
         })
     }
 }
@@ -545,8 +572,15 @@ fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
     let watermark = match header.watermark_tag {
         0 => None,
         tag => Some(
-            Watermark::from_parts(tag, header.watermark_value)
-                .ok_or(HeaderProblem::WatermarkKind(tag))?,
+            match Watermark::from_parts(tag, header.watermark_value)
+                .ok_or(HeaderProblem::WatermarkKind(tag))?
+            {
+                Watermark::Binlog(m) => Watermark::Binlog(BinlogMark {
+                    gtid: header.gtid,
+                    ..m
+                }),
+                other => other,
+            },
         ),
     };
     let created_at = UNIX_EPOCH

@@ -191,7 +191,7 @@ const MISTAKES: &[Mistake] = &[
     }),
     ("filters.products.sync.query", |c| {
         if let Some(s) = &mut filter(c, "products").sync {
-            s.query = "SELECT sku_id, updated_at FROM products".into();
+            s.query = Some("SELECT sku_id, updated_at FROM products".into());
         }
     }),
     ("filters.products.load_retry_initial", |c| {
