@@ -34,6 +34,9 @@ fn main() -> ExitCode {
                     c.filters().len(),
                     c.routes().len()
                 );
+                for note in cli::check::binlog_notes(&c) {
+                    println!("{note}");
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

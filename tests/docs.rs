@@ -461,6 +461,13 @@ source_query = "SELECT name FROM users"
 expected_items = 1000
 normalize = { kind = "string" }
 
+[filters.users.sync]
+watermark = "binlog"
+
+[filters.orders]
+source_query = "SELECT id FROM orders"
+expected_items = 1000
+
 [[routes]]
 path = "/api/product/info"
 key = { query = "sku_id" }

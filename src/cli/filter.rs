@@ -84,14 +84,21 @@ pub async fn build(
         );
         bar.set_message(format!("filter {name}"));
         let started = Instant::now();
-        let binlog = f
+        // Binlog mode: the snapshot records the log position its scan is consistent with.
+        let replica = f
             .sync
             .as_ref()
-            .is_some_and(|s| s.watermark == WatermarkKind::Binlog);
+            .filter(|s| s.watermark == WatermarkKind::Binlog)
+            .map(|s| {
+                s.binlog
+                    .url
+                    .clone()
+                    .unwrap_or_else(|| db_config.url.clone())
+            });
         let filled = fill(
             &db,
             &source,
-            binlog,
+            replica.as_deref(),
             &f.normalize,
             &bloom,
             |n| bar.set_position(n),

@@ -3,6 +3,7 @@
 //! a person lives here; the library only returns values.
 
 pub mod args;
+pub mod check;
 pub mod demo;
 pub mod filter;
 pub mod init;

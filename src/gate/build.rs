@@ -351,7 +351,7 @@ impl Filter {
         let filled = fill(
             db,
             &self.source_query,
-            self.binlog_source.is_some(),
+            self.binlog_source.as_ref().map(|b| b.url.as_str()),
             &self.normalize,
             &filter,
             |_| {},
@@ -490,7 +490,7 @@ mod tests {
         let err = fill(
             &db,
             &Arc::from("SELECT id FROM no_such_table"),
-            false,
+            None,
             &Normalize::Integer,
             &filter,
             |_| {},

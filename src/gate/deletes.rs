@@ -7,6 +7,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::metrics::binlog::BinlogRebuild;
 use super::{Filter, RebuildReason};
 use bloomgate_core::filter::blocked_false_positive_rate;
 
@@ -40,6 +41,7 @@ impl Filter {
         let Some(sync) = &config.sync else { return };
         let bound = sync.binlog.effective_rate_rebuild * config.false_positive_rate;
         if rate >= bound && !self.deletes_rebuild_pending.swap(true, Ordering::AcqRel) {
+            self.metrics.binlog.rebuild(BinlogRebuild::Deletes);
             tracing::warn!(filter = %self.name, deleted, effective_rate = rate, bound,
                 "keys deleted from the source raised the effective false-positive rate to its bound; rebuilding");
             self.request_rebuild(RebuildReason::Deletes);

@@ -40,6 +40,7 @@ pub const RESTART_ONLY: &[&str] = &[
     "fleet",
     "filters.<name>.backend",
     "filters.<name>.redis",
+    "filters.<name>.sync.binlog.url",
 ];
 
 /// The entries of [`RESTART_ONLY`] compared by presence only.

@@ -18,6 +18,8 @@ const STARTUP_LIMIT: Duration = Duration::from_secs(60);
 /// A `mariadbd` of the test's own; killed and its directory removed when dropped.
 pub struct OwnMariaDb {
     server: PathBuf,
+    /// Server options beyond the defaults (see [`OwnMariaDb::start_with`]).
+    extra: Vec<String>,
     port: u16,
     root: TempDir,
     /// `None` while the server is killed.
@@ -37,6 +39,13 @@ impl OwnMariaDb {
     /// Installs a fresh data directory and starts the server on a free loopback port,
     /// with a user `bloomgate`/`pw` that may do everything. Returns once it answers.
     pub async fn start() -> OwnMariaDb {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`OwnMariaDb::start`], with more server options, e.g.
+    /// `--log-bin=binlog --server-id=7`; one that names `--log-bin` replaces the default
+    /// `--skip-log-bin`.
+    pub async fn start_with(extra: &[&str]) -> OwnMariaDb {
         let server = find(&["mariadbd", "mysqld"]).expect("mariadbd (scripts/test installs it)");
         let install = find(&["mariadb-install-db", "mysql_install_db"])
             .expect("mariadb-install-db (scripts/test installs it)");
@@ -57,6 +66,7 @@ impl OwnMariaDb {
         assert!(status.success(), "mariadb-install-db failed: {status}");
         let mut db = OwnMariaDb {
             server,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             port: 0,
             root,
             child: None,
@@ -128,7 +138,6 @@ impl OwnMariaDb {
             .args([
                 "--bind-address=127.0.0.1",
                 "--skip-name-resolve",
-                "--skip-log-bin",
                 "--innodb-buffer-pool-size=32M",
                 "--innodb-log-file-size=8M",
                 // Durable commits: the tests kill it and expect the rows back.
@@ -138,6 +147,10 @@ impl OwnMariaDb {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if !self.extra.iter().any(|a| a.starts_with("--log-bin")) {
+            cmd.arg("--skip-log-bin");
+        }
+        cmd.args(&self.extra);
         if is_root() {
             cmd.arg("--user=root");
         }

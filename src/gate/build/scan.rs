@@ -52,12 +52,12 @@ pub struct Filled {
 
 /// Streams `source` into `filter`, normalising each key with `rule`; `progress` is called
 /// every 65,536 rows with the rows read so far, and `listed` with each key's canonical
-/// bytes. With `at_log_position` (binlog mode) the scan runs in a snapshot consistent
-/// with a binary log position, which it returns.
+/// bytes. With `log_position` (binlog mode: the replication URL) the scan runs in a
+/// snapshot consistent with a binary log position, which it returns.
 pub async fn fill(
     db: &Db,
     source: &Arc<str>,
-    at_log_position: bool,
+    log_position: Option<&str>,
     rule: &Normalize,
     filter: &BloomFilter,
     mut progress: impl FnMut(u64),
@@ -80,8 +80,10 @@ pub async fn fill(
             progress(seen);
         }
     };
-    let (rows, log_position) = if at_log_position {
-        let (rows, mark) = db.for_each_key_at_log_position(source, &mut each).await?;
+    let (rows, log_position) = if let Some(replica) = log_position {
+        let (rows, mark) = db
+            .for_each_key_at_log_position(source, replica, &mut each)
+            .await?;
         (rows, Some(mark))
     } else {
         (db.for_each_key(source, &mut each).await?, None)

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use futures_util::TryStreamExt;
 use sqlx::mysql::{MySqlPool, MySqlRow};
-use sqlx::{AssertSqlSafe, Executor, Row};
+use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 
 use super::{Db, DbError, render};
 use crate::config::SourceTable;
@@ -71,10 +71,8 @@ pub struct ServerLog {
     pub version: String,
     /// The server's own `server_id`.
     pub server_id: u32,
-    /// The name of the current log file without its number (`binlog` of `binlog.000042`).
+    /// The log files' name without their number (`binlog` of `binlog.000042`).
     pub base: String,
-    /// Where the log ends now.
-    pub end: BinlogMark,
 }
 
 /// Why binlog mode cannot run against this server or table.
@@ -184,18 +182,29 @@ impl Db {
     /// `_position`), with its GTID. MySQL has no such status: the position is read just
     /// before the snapshot is taken, so the log read from there may repeat a few changes
     /// the scan saw, which applying again leaves as they are.
+    ///
+    /// `replica_url` is the replication user's: on MySQL the position comes from
+    /// `SHOW BINARY LOG STATUS`, which needs that user's `REPLICATION CLIENT`.
     pub async fn for_each_key_at_log_position(
         &self,
         query: &Arc<str>,
+        replica_url: &str,
         mut f: impl FnMut(&str),
     ) -> Result<(u64, BinlogMark), BinlogError> {
         let pool = self.mysql()?;
         let flavor = flavor(pool).await?;
-        let mut conn = pool.acquire().await.map_err(DbError::from)?;
         let before = match flavor {
-            Flavor::MySql => Some(log_end(&mut conn).await?),
+            Flavor::MySql => {
+                let mut replica = sqlx::MySqlConnection::connect(replica_url)
+                    .await
+                    .map_err(DbError::from)?;
+                let mark = log_end(&mut replica).await;
+                let _ = replica.close().await;
+                Some(mark?)
+            }
             Flavor::MariaDb => None,
         };
+        let mut conn = pool.acquire().await.map_err(DbError::from)?;
         conn.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             .await
             .map_err(DbError::from)?;
@@ -265,32 +274,25 @@ fn text(row: &MySqlRow, i: usize) -> Result<String, BinlogError> {
         .map_err(|e| BinlogError::Db(DbError::Query(e)))
 }
 
-/// The server's id, log file base name and current end of log.
+/// The server's version, id and log file base name (`log_bin_basename`, which any user
+/// may read).
 async fn server_log(pool: &MySqlPool) -> Result<ServerLog, BinlogError> {
-    let mut conn = pool.acquire().await.map_err(DbError::from)?;
-    let row = sqlx::query("SELECT VERSION(), @@GLOBAL.server_id")
-        .fetch_one(&mut *conn)
+    let row = sqlx::query("SELECT VERSION(), @@GLOBAL.server_id, @@GLOBAL.log_bin_basename")
+        .fetch_one(pool)
         .await
         .map_err(DbError::from)?;
     let version = text(&row, 0)?;
     let server_id = int(&row, 1)?;
-    let (file, offset) = log_status(&mut conn).await?;
-    let (base, index) =
-        decode::split_file_name(&file).ok_or(BinlogError::FileName(file.clone()))?;
-    let mut end = BinlogMark {
-        file: index,
-        offset,
-        gtid: None,
-    };
-    if flavor_of(&version) == Flavor::MariaDb {
-        end.gtid = gtid_at(&mut conn, &file, offset).await?;
+    let path = text(&row, 2)?;
+    let base = path.rsplit('/').next().unwrap_or(&path).to_owned();
+    if base.is_empty() {
+        return Err(BinlogError::LogBinOff);
     }
     Ok(ServerLog {
         flavor: flavor_of(&version),
         version,
         server_id: u32::try_from(server_id).unwrap_or(0),
-        base: base.to_owned(),
-        end,
+        base,
     })
 }
 
