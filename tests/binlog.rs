@@ -705,3 +705,277 @@ async fn measure_commit_to_admitted_latency_binlog_against_polling() {
     ));
     eprintln!("{report}");
 }
+
+/// GET `path` on `addr`: (status, x-bloomgate stage, body).
+async fn get_on(
+    client: &support::HttpClient,
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> support::Reply {
+    client
+        .send(
+            http::Method::GET,
+            &format!("http://{addr}{path}"),
+            &[],
+            bytes::Bytes::new(),
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_builder_follows_the_log_from_the_generation_it_loaded() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), support::redis::redis_server()) else {
+        return;
+    };
+    let db = TestDb::create(&server, 100).await;
+    grant_replication(&db).await;
+    let redis = support::redis::TestRedis::start(&redis_bin).await;
+    let toml = |id: &str| {
+        config(&db)
+            .fleet(format!("redis_url = \"{}\"", redis.url()))
+            .fleet("namespace = \"takeover\"")
+            .fleet(format!("instance_id = \"{id}\""))
+            .fleet("lease_ttl = \"2s\"")
+            .fleet("lease_renew = \"500ms\"")
+            .fleet("retry_interval = \"100ms\"")
+            .toml()
+    };
+    let client = support::HttpClient::new();
+    let role = |admin: std::net::SocketAddr| {
+        let client = &client;
+        async move {
+            get_on(client, admin, "/admin/fleet").await.json()["filters"][0]["role"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        }
+    };
+    let a = support::binary::Bloomgate::serve(&toml("a"), &[]).await;
+    eventually("a builds", SETTLE, || async {
+        role(a.admin).await == "builder"
+    })
+    .await;
+    let mut a = a;
+    let b = support::binary::Bloomgate::serve(&toml("b"), &[]).await;
+    eventually("b loads a's generation", SETTLE, || async {
+        get_on(&client, b.admin, "/readyz").await.status.as_u16() == 200
+    })
+    .await;
+    assert_eq!(role(b.admin).await, "follower");
+    let first = new_key(300);
+    db.insert_product(first).await;
+    for node in [a.data, b.data] {
+        eventually("the first key everywhere", SETTLE, || async {
+            get_on(&client, node, &format!("/api/products/{first}"))
+                .await
+                .status
+                .as_u16()
+                == 200
+        })
+        .await;
+    }
+    // The builder dies with no goodbye; a key committed while no one reads the log must
+    // still reach the fleet once b takes over from the generation it serves.
+    a.signal("KILL");
+    assert_eq!(a.wait_exit(SETTLE).await, None);
+    let orphan = new_key(301);
+    db.insert_product(orphan).await;
+    eventually("b takes the lease", SETTLE, || async {
+        role(b.admin).await == "builder"
+    })
+    .await;
+    eventually(
+        "the key committed while no one read the log",
+        SETTLE,
+        || async {
+            get_on(&client, b.data, &format!("/api/products/{orphan}"))
+                .await
+                .status
+                .as_u16()
+                == 200
+        },
+    )
+    .await;
+    let status = get_on(&client, b.admin, "/admin/filters").await.json();
+    let filter = &status["filters"][0];
+    let mark = filter["sync_watermark"].as_str().unwrap_or_default();
+    assert!(mark.starts_with("binlog file "), "{status}");
+    // b scanned nothing: it serves the generation it loaded, and the key came through
+    // its own stream, started from that generation's position.
+    assert_eq!(filter["last_load"]["origin"], "fleet", "{status}");
+    let metrics = get_on(&client, b.admin, "/metrics").await.text();
+    let inserts = support::series_value(
+        &metrics,
+        "bloomgate_filter_binlog_changes_total{change=\"insert\",filter=\"products\"}",
+    )
+    .expect("b exports its binlog changes");
+    assert!(inserts >= 1.0, "b read no insert from the log");
+}
+
+/// A TCP relay to one server at a time: [`Switch::to`] points it at another and cuts
+/// every connection it relays, as a database failover behind one address does.
+struct Switch {
+    addr: std::net::SocketAddr,
+    target: std::sync::Arc<std::sync::Mutex<(u16, u64)>>,
+}
+
+impl Switch {
+    async fn start(port: u16) -> Switch {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the relay");
+        let addr = listener.local_addr().expect("relay address");
+        let target = std::sync::Arc::new(std::sync::Mutex::new((port, 0u64)));
+        let shared = target.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let (port, epoch) = *shared.lock().expect("target");
+                    let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    else {
+                        return;
+                    };
+                    let cut = async {
+                        while shared.lock().expect("target").1 == epoch {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        () = cut => {}
+                    }
+                });
+            }
+        });
+        Switch { addr, target }
+    }
+
+    /// Relays new connections to `port` and cuts the ones relayed so far.
+    fn to(&self, port: u16) {
+        let mut t = self.target.lock().expect("target");
+        *t = (port, t.1 + 1);
+    }
+}
+
+async fn query_on(url: &str, sql: &str) {
+    let pool = sqlx::MySqlPool::connect(url).await.expect("connect");
+    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+        .execute(&pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    pool.close().await;
+}
+
+async fn scalar_on(url: &str, sql: &str) -> String {
+    let pool = sqlx::MySqlPool::connect(url).await.expect("connect");
+    let v: String = sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+        .fetch_one(&pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    pool.close().await;
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_is_followed_by_gtid_without_a_rebuild() {
+    if mysql_url().is_none() {
+        return;
+    }
+    let log = [
+        "--log-bin=binlog",
+        "--binlog-format=ROW",
+        "--log-slave-updates",
+    ];
+    let primary =
+        support::mariadb::OwnMariaDb::start_with(&[&log[..], &["--server-id=1"]].concat()).await;
+    let replica =
+        support::mariadb::OwnMariaDb::start_with(&[&log[..], &["--server-id=2"]].concat()).await;
+    // The replica follows the primary from where its log is now (both made their own
+    // test user at start), by GTID.
+    let from = scalar_on(&primary.url(), "SELECT @@GLOBAL.gtid_binlog_pos").await;
+    query_on(
+        &replica.url(),
+        &format!(
+            "SET GLOBAL gtid_slave_pos = '{from}'; \
+             CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {}, \
+             MASTER_USER = 'bloomgate', MASTER_PASSWORD = 'pw', MASTER_USE_GTID = slave_pos; \
+             START SLAVE",
+            primary.port()
+        ),
+    )
+    .await;
+    let db = TestDb::create(&primary.url(), 100).await;
+    grant_replication(&db).await;
+    let caught_up = || async {
+        let at = scalar_on(&primary.url(), "SELECT @@GLOBAL.gtid_binlog_pos").await;
+        let waited = scalar_on(
+            &replica.url(),
+            &format!("SELECT CAST(MASTER_GTID_WAIT('{at}', 30) AS CHAR)"),
+        )
+        .await;
+        assert_eq!(waited, "0", "the replica did not catch up with {at}");
+    };
+    caught_up().await;
+    // bloomgate reaches the database through one address, as behind a proxy or a DNS
+    // name that a failover moves.
+    let switch = Switch::start(primary.port()).await;
+    let cfg = TestConfig::new(&db.url_via(switch.addr))
+        .admin_token(TOKEN)
+        .sync("watermark = \"binlog\"")
+        .sync("binlog = { heartbeat = \"200ms\" }")
+        .cache("ttl = \"10m\"")
+        .cache("negative_ttl = \"10m\"")
+        .route(TestRoute::sql("products", "/api/products/{id}"));
+    let proxy = TestProxy::spawn_ready(&cfg.toml()).await;
+    let before = new_key(400);
+    db.insert_product(before).await;
+    assert_eq!(wait_status(&proxy, before, 200).await, "miss");
+
+    // The failover: the replica has everything, stops following and takes writes; the
+    // address now leads to it, and every connection through it is cut.
+    caught_up().await;
+    query_on(&replica.url(), "STOP SLAVE; RESET SLAVE ALL").await;
+    switch.to(replica.port());
+    let after = new_key(401);
+    let on_replica = db.url.replacen(
+        &super_host(&db.url),
+        &format!("127.0.0.1:{}", replica.port()),
+        1,
+    );
+    query_on(
+        &on_replica,
+        &format!("INSERT INTO products (sku_id, name, price) VALUES ({after}, 'after', 1.00)"),
+    )
+    .await;
+    assert_eq!(wait_status(&proxy, after, 200).await, "miss");
+    // Followed on by GTID from the replica's log: no rebuild, nothing scanned again.
+    assert_eq!(
+        proxy
+            .counter_or_zero("bloomgate_filter_binlog_rebuilds_total{filter=\"products\",reason=\"position_gone\"}")
+            .await,
+        0.0
+    );
+    let status = filter_status(proxy.client(), proxy.admin, "products").await;
+    assert_eq!(status["last_load"]["reason"], "startup", "{status}");
+    assert!(
+        proxy
+            .counter_or_zero("bloomgate_filter_binlog_reconnects_total{filter=\"products\"}")
+            .await
+            >= 1.0
+    );
+    let mark = status["sync_watermark"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        mark.contains("gtid 0-2-"),
+        "the position is the replica's own transaction now: {mark}"
+    );
+}
+
+/// The `host:port` of a `mysql://user:pw@host:port/db` URL.
+fn super_host(url: &str) -> String {
+    let after = url.split_once('@').map_or(url, |(_, rest)| rest);
+    after.split('/').next().unwrap_or(after).to_owned()
+}

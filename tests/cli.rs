@@ -385,3 +385,67 @@ async fn filter_build_writes_a_snapshot_that_inspect_verifies() {
     assert_ne!(code, 0);
     assert!(text.contains("corrupted"), "{text}");
 }
+
+#[test]
+fn check_config_explains_what_a_binlog_source_needs_and_refuses_one_that_cannot_be_followed() {
+    let binlog = VALID
+        .replace(
+            "url = \"sqlite://data/never-opened.db\"",
+            "url = \"mysql://app:app-secret@db.internal:3306/shop\"",
+        )
+        .replace(
+            "expected_items = 1000\n",
+            "expected_items = 1000\n[filters.products.sync]\nwatermark = \"binlog\"\n",
+        );
+    let path = write_config("binlog.toml", &binlog);
+    let (code, out) = run(
+        &[
+            "check-config",
+            "--config",
+            path.to_str().unwrap_or_default(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    for said in [
+        "filters.products: binlog mode follows products (key column sku_id)",
+        "binlog_format = ROW",
+        "binlog_row_image = FULL",
+        "REPLICATION SLAVE, REPLICATION CLIENT and SELECT",
+        "mysql://app:***@db.internal:3306/shop",
+    ] {
+        assert!(out.contains(said), "`{said}` not in: {out}");
+    }
+    assert!(!out.contains("app-secret"), "the password is shown: {out}");
+    // A source the log cannot follow, and a database without a binary log.
+    for (text, field, reason) in [
+        (
+            binlog.replace("FROM products\"", "FROM products WHERE live = 1\""),
+            "filters.products.source_query",
+            "SELECT key_column FROM table",
+        ),
+        (
+            binlog.replace(
+                "url = \"mysql://app:app-secret@db.internal:3306/shop\"",
+                "url = \"sqlite://data/never-opened.db\"",
+            ),
+            "filters.products.sync.watermark",
+            "needs a MySQL or MariaDB database",
+        ),
+    ] {
+        let path = write_config("bad-binlog.toml", &text);
+        let (code, out) = run(
+            &[
+                "check-config",
+                "--config",
+                path.to_str().unwrap_or_default(),
+            ],
+            &[],
+        );
+        assert_eq!(code, 2, "{out}");
+        assert!(
+            out.contains(field) && out.contains(reason),
+            "{field}: {out}"
+        );
+    }
+}

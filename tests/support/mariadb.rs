@@ -89,6 +89,11 @@ impl OwnMariaDb {
         format!("mysql://bloomgate:pw@127.0.0.1:{}", self.port)
     }
 
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The server's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())

@@ -541,3 +541,71 @@ fn a_token_file_that_cannot_give_a_token_is_refused_by_name() {
         "{reason}"
     );
 }
+
+/// `base()` with the products filter in binlog mode (`with` adds to its sync table).
+fn binlog(with: impl FnOnce(&mut SyncConfig)) -> Config {
+    let mut c = base();
+    let mut sync: SyncConfig =
+        serde_json::from_value(serde_json::json!({ "watermark": "binlog" })).expect("a sync table");
+    with(&mut sync);
+    filter(&mut c, "products").sync = Some(sync);
+    c
+}
+
+#[test]
+fn binlog_mode_needs_a_plain_scan_of_mysql_and_no_poll_query() {
+    assert_eq!(fields(&problems(&binlog(|_| {}))), Vec::<&str>::new());
+    let compiled = binlog(|_| {}).compile().expect("compiles");
+    let source = compiled.filters[0]
+        .binlog
+        .as_ref()
+        .expect("a binlog source");
+    assert_eq!(source.table.table, "products");
+    assert_eq!(source.table.column, "sku_id");
+    assert_eq!(source.url, "mysql://u:p@127.0.0.1:3306/shop");
+    for (field, mistake) in [
+        (
+            "filters.products.sync.query",
+            (|s: &mut SyncConfig| {
+                s.query = Some("SELECT sku_id, id FROM products WHERE id >= ?".into())
+            }) as fn(&mut SyncConfig),
+        ),
+        ("filters.products.sync.start_query", |s| {
+            s.start_query = Some("SELECT MAX(id) FROM products".into())
+        }),
+        ("filters.products.sync.binlog.server_id", |s| {
+            s.binlog.server_id = Some(0)
+        }),
+        ("filters.products.sync.binlog.heartbeat", |s| {
+            s.binlog.heartbeat = Duration::from_millis(10)
+        }),
+        ("filters.products.sync.binlog.heartbeat", |s| {
+            s.binlog.heartbeat = Duration::from_secs(61)
+        }),
+        ("filters.products.sync.binlog.effective_rate_rebuild", |s| {
+            s.binlog.effective_rate_rebuild = 1.0
+        }),
+        ("filters.products.sync.binlog.effective_rate_rebuild", |s| {
+            s.binlog.effective_rate_rebuild = f64::NAN
+        }),
+        ("filters.products.sync.binlog.url", |s| {
+            s.binlog.url = Some("sqlite://data/x.db".into())
+        }),
+    ] {
+        assert_eq!(fields(&problems(&binlog(mistake))), [field], "{field}");
+    }
+    let mut c = binlog(|_| {});
+    filter(&mut c, "products").source_query = "SELECT sku_id FROM products WHERE live".into();
+    let p = problems(&c);
+    assert_eq!(fields(&p), ["filters.products.source_query"]);
+    assert!(p[0].reason.contains("no WHERE"), "{}", p[0].reason);
+    let mut c = binlog(|_| {});
+    c.database.as_mut().expect("database").url = "sqlite://data/x.db".into();
+    assert_eq!(fields(&problems(&c)), ["filters.products.sync.watermark"]);
+    // Polling still needs its query.
+    let mut c = base();
+    if let Some(s) = &mut filter(&mut c, "products").sync {
+        s.query = None;
+    }
+    assert_eq!(fields(&problems(&c)), ["filters.products.sync.query"]);
+}

@@ -595,3 +595,35 @@ fn timing_snapshot_10m() {
         "read took {read_took:?}"
     );
 }
+
+#[test]
+fn a_binlog_position_and_its_gtid_come_back_as_written() {
+    use crate::watermark::{BinlogMark, Gtid};
+    let filter = BloomFilter::new(BloomParams::optimal(100, 0.01).expect("params"), 3);
+    filter.insert(b"7");
+    for gtid in [
+        None,
+        Some(Gtid {
+            domain: 2,
+            server: 1001,
+            seq: 1 << 40,
+        }),
+    ] {
+        let mark = Watermark::Binlog(BinlogMark {
+            file: 12,
+            offset: 9876,
+            gtid,
+        });
+        let bytes = encode(&filter, Some(mark));
+        // The GTID is an appended header field, there only with one.
+        let header_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
+        assert_eq!(
+            header_len as usize,
+            HEADER_LEN + 16 * usize::from(gtid.is_some())
+        );
+        let back = decode(&bytes).expect("a valid snapshot");
+        assert_eq!(back.watermark, Some(mark));
+        assert!(back.filter.contains(b"7"));
+        assert!(back.filter.iter_words().eq(filter.iter_words()));
+    }
+}
