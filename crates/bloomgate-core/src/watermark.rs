@@ -18,15 +18,18 @@ pub enum Watermark {
 }
 
 /// A position in a server's binary log: the file (by the number its name ends with, as
-/// in `binlog.000042`), the offset of the next event in it, and on MariaDB the global
-/// transaction id of the last transaction before it, from which a replica can resume on
-/// any server of the same replication topology.
+/// in `binlog.000042`), the offset of the next event in it, the `server_id` of the server
+/// whose log that file is, and on MariaDB the global transaction id of the last
+/// transaction before it, from which a replica can resume on any server of the same
+/// replication topology. A file and offset mean nothing on another server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct BinlogMark {
     /// The number the file's name ends with.
     pub file: u32,
     /// The offset of the next event in the file.
     pub offset: u64,
+    /// The `server_id` of the server whose log it is; 0 when unknown.
+    pub server: u32,
     /// The last transaction before the position (MariaDB).
     pub gtid: Option<Gtid>,
 }
@@ -50,17 +53,19 @@ const OFFSET_BITS: u32 = 40;
 pub const MAX_BINLOG_FILE: u32 = (1 << 23) - 1;
 
 impl BinlogMark {
-    /// The file number and offset in one value (the GTID is stored beside it).
+    /// The file number and offset in one value (the server and GTID are stored beside it).
     pub fn packed(self) -> i64 {
         (i64::from(self.file) << OFFSET_BITS) | (self.offset & ((1 << OFFSET_BITS) - 1)) as i64
     }
 
-    /// Unpacks [`BinlogMark::packed`], without a GTID; `None` for a negative value.
+    /// Unpacks [`BinlogMark::packed`], without its server and GTID; `None` for a
+    /// negative value.
     pub fn unpacked(value: i64) -> Option<BinlogMark> {
         let value = u64::try_from(value).ok()?;
         Some(BinlogMark {
             file: u32::try_from(value >> OFFSET_BITS).ok()?,
             offset: value & ((1 << OFFSET_BITS) - 1),
+            server: 0,
             gtid: None,
         })
     }
@@ -105,7 +110,8 @@ impl Watermark {
         }
     }
 
-    /// The raw value, for the snapshot format (a binlog position without its GTID).
+    /// The raw value, for the snapshot format (a binlog position without its server and
+    /// GTID).
     pub fn value(self) -> i64 {
         match self {
             Watermark::Int(v) | Watermark::TimeMicros(v) => v,
@@ -114,7 +120,8 @@ impl Watermark {
     }
 
     /// Rebuilds a watermark from its tag and value; `None` for an unknown tag or a
-    /// value the tag cannot have. A binlog position comes back without its GTID.
+    /// value the tag cannot have. A binlog position comes back without its server and
+    /// GTID.
     pub fn from_parts(tag: u8, value: i64) -> Option<Watermark> {
         match tag {
             1 => Some(Watermark::Int(value)),
@@ -140,7 +147,11 @@ impl std::fmt::Display for Watermark {
                 }
             }
             Watermark::Binlog(m) => {
-                write!(f, "binlog file {} offset {}", m.file, m.offset)?;
+                write!(
+                    f,
+                    "binlog file {} offset {} of server {}",
+                    m.file, m.offset, m.server
+                )?;
                 match m.gtid {
                     Some(g) => write!(f, " gtid {g}"),
                     None => Ok(()),
@@ -160,6 +171,7 @@ mod tests {
             let m = BinlogMark {
                 file,
                 offset,
+                server: 0,
                 gtid: None,
             };
             let w = Watermark::Binlog(m);
@@ -171,6 +183,7 @@ mod tests {
             BinlogMark {
                 file: 3,
                 offset: 4,
+                server: 1,
                 gtid: None
             }
             .file_name("binlog"),

@@ -303,8 +303,18 @@ async fn log_end(conn: &mut sqlx::MySqlConnection) -> Result<BinlogMark, BinlogE
     Ok(BinlogMark {
         file: index,
         offset,
+        server: server_id(conn).await?,
         gtid: None,
     })
+}
+
+/// The `server_id` of the server `conn` is on.
+async fn server_id(conn: &mut sqlx::MySqlConnection) -> Result<u32, BinlogError> {
+    let row = sqlx::query("SELECT @@GLOBAL.server_id")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(DbError::from)?;
+    Ok(u32::try_from(int(&row, 0)?).unwrap_or(0))
 }
 
 /// `SHOW MASTER STATUS`, or `SHOW BINARY LOG STATUS` where the first is gone (MySQL
@@ -352,6 +362,7 @@ async fn mariadb_snapshot_position(
     Ok(BinlogMark {
         file: index,
         offset,
+        server: server_id(conn).await?,
         gtid: gtid_at(conn, &file, offset).await?,
     })
 }

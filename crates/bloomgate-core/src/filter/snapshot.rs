@@ -21,7 +21,7 @@
 //! | 56      | 1     | watermark tag       | u8: 0 none, else [`Watermark::tag`]               |
 //! | 57      | 8     | watermark value     | i64, [`Watermark::value`]; 0 when the tag is 0    |
 //! | 65      | 8     | created at          | u64, Unix seconds                                 |
-//! | 73      | 16    | binlog GTID         | only when `H` ≥ 89 and the tag is 3 (a binlog position): domain u32, server u32, sequence u64 |
+//! | 73      | 21    | binlog position     | only when `H` ≥ 94 and the tag is 3 (a binlog position): the log's server_id u32, a GTID flag u8 (0 none, 1 one), the GTID's domain u32, server u32 and sequence u64 (zeros without one) |
 //! | `H`     | `8w`  | words               | u64 each; bit `i` is bit `i % 64` of word `i / 64` |
 //! | `H+8w`  | 4     | checksum            | u32, CRC-32 (IEEE) of every byte before it        |
 //!
@@ -31,9 +31,9 @@
 //!
 //! A version 2 reader accepts `H > 73` and skips the header bytes it does not know (the
 //! checksum still covers them), so a field can be appended without a new version; any
-//! other change to the layout takes a new version, which older readers refuse. The GTID
-//! of a binlog position is such a field: written only with one (`H` = 89), and read by a
-//! reader that knows it.
+//! other change to the layout takes a new version, which older readers refuse. The rest
+//! of a binlog position (its server and GTID) is such a field: written only with one
+//! (`H` = 94), and read by a reader that knows it.
 //!
 //! The seed is a secret: whoever knows it can compute keys that collide in the filter.
 //! Snapshot files are created readable by their owner only (on Unix), and
@@ -366,23 +366,23 @@ struct Header {
     watermark_value: i64,
     /// Unix seconds.
     created_at: u64,
-    /// The GTID of a binlog watermark, in the appended field.
-    gtid: Option<Gtid>,
+    /// The rest of a binlog watermark (its server and GTID), in the appended field.
+    binlog: Option<(u32, Option<Gtid>)>,
 }
 
-/// Bytes of the appended GTID field.
-const GTID_LEN: usize = 16;
+/// Bytes of the appended binlog field.
+const BINLOG_LEN: usize = 21;
 
 impl Header {
     /// The header of a snapshot of `filter` taken at `now`.
     fn of(filter: &BloomFilter, watermark: Option<Watermark>, now: SystemTime) -> Self {
-        let gtid = match watermark {
-            Some(Watermark::Binlog(m)) => m.gtid,
+        let binlog = match watermark {
+            Some(Watermark::Binlog(m)) => Some((m.server, m.gtid)),
             _ => None,
         };
         Self {
-            header_len: (HEADER_LEN + gtid.map_or(0, |_| GTID_LEN)) as u32,
-            gtid,
+            header_len: (HEADER_LEN + binlog.map_or(0, |_| BINLOG_LEN)) as u32,
+            binlog,
             params: filter.params(),
             seed: filter.seed(),
             items: filter.items(),
@@ -413,7 +413,14 @@ impl Header {
         out.push(self.watermark_tag);
         out.extend_from_slice(&self.watermark_value.to_le_bytes());
         out.extend_from_slice(&self.created_at.to_le_bytes());
-        if let Some(g) = self.gtid {
+        if let Some((server, gtid)) = self.binlog {
+            out.extend_from_slice(&server.to_le_bytes());
+            out.push(u8::from(gtid.is_some()));
+            let g = gtid.unwrap_or(Gtid {
+                domain: 0,
+                server: 0,
+                seq: 0,
+            });
             out.extend_from_slice(&g.domain.to_le_bytes());
             out.extend_from_slice(&g.server.to_le_bytes());
             out.extend_from_slice(&g.seq.to_le_bytes());
@@ -442,12 +449,15 @@ impl Header {
             watermark_tag: r.take::<1>()?[0],
             watermark_value: i64::from_le_bytes(r.take()?),
             created_at: r.u64()?,
-            gtid: if header_len as usize >= HEADER_LEN + GTID_LEN {
-                Some(Gtid {
+            binlog: if header_len as usize >= HEADER_LEN + BINLOG_LEN {
+                let server = r.u32()?;
+                let has_gtid = r.take::<1>()?[0] == 1;
+                let gtid = Gtid {
                     domain: r.u32()?,
                     server: r.u32()?,
                     seq: r.u64()?,
-                })
+                };
+                Some((server, has_gtid.then_some(gtid)))
             } else {
                 None
             },
@@ -575,10 +585,10 @@ fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
             match Watermark::from_parts(tag, header.watermark_value)
                 .ok_or(HeaderProblem::WatermarkKind(tag))?
             {
-                Watermark::Binlog(m) => Watermark::Binlog(BinlogMark {
-                    gtid: header.gtid,
-                    ..m
-                }),
+                Watermark::Binlog(m) => {
+                    let (server, gtid) = header.binlog.unwrap_or((0, None));
+                    Watermark::Binlog(BinlogMark { server, gtid, ..m })
+                }
                 other => other,
             },
         ),

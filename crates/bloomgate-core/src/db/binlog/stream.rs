@@ -147,6 +147,8 @@ pub struct LogReader {
     silence: Duration,
     /// The log's file base name.
     base: String,
+    /// The `server_id` of the server read from.
+    source_server: u32,
     buf: String,
 }
 
@@ -162,6 +164,22 @@ impl LogReader {
         let opts = opts(&settings.url)?;
         let connect = async {
             let mut conn = Conn::new(opts).await?;
+            let source: Option<u32> = conn.query_first("SELECT @@GLOBAL.server_id").await?;
+            Ok::<_, mysql_async::Error>((conn, source.unwrap_or(0)))
+        };
+        let (mut conn, source_server) = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+            .await
+            .map_err(|_| StreamError::Timeout(CONNECT_TIMEOUT))?
+            .map_err(|e| StreamError::of(e, true))?;
+        // A file and offset are one server's: on another (a failover without a GTID to go
+        // by) they would name some other point of some other log.
+        if from.gtid.is_none() && from.server != 0 && from.server != source_server {
+            return Err(StreamError::PositionGone(format!(
+                "the position is in the log of server {}, and this server is {source_server}",
+                from.server
+            )));
+        }
+        let request = async {
             let nanos = settings.heartbeat.as_nanos();
             conn.query_drop(format!("SET @master_heartbeat_period = {nanos}"))
                 .await?;
@@ -193,7 +211,7 @@ impl LogReader {
             };
             conn.get_binlog_stream(request).await
         };
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, request)
             .await
             .map_err(|_| StreamError::Timeout(CONNECT_TIMEOUT))?
             .map_err(|e| StreamError::of(e, true))?;
@@ -208,6 +226,7 @@ impl LogReader {
             unreadable: 0,
             silence: settings.heartbeat * 3,
             base: settings.base.clone(),
+            source_server,
             buf: String::new(),
         })
     }
@@ -217,6 +236,7 @@ impl LogReader {
         BinlogMark {
             file: self.file,
             offset,
+            server: self.source_server,
             gtid: if self.mixed_domains { None } else { self.gtid },
         }
     }

@@ -612,15 +612,13 @@ fn a_binlog_position_and_its_gtid_come_back_as_written() {
         let mark = Watermark::Binlog(BinlogMark {
             file: 12,
             offset: 9876,
+            server: 7,
             gtid,
         });
         let bytes = encode(&filter, Some(mark));
-        // The GTID is an appended header field, there only with one.
+        // The server and the GTID are an appended header field.
         let header_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
-        assert_eq!(
-            header_len as usize,
-            HEADER_LEN + 16 * usize::from(gtid.is_some())
-        );
+        assert_eq!(header_len as usize, HEADER_LEN + 21);
         let back = decode(&bytes).expect("a valid snapshot");
         assert_eq!(back.watermark, Some(mark));
         assert!(back.filter.contains(b"7"));
