@@ -315,6 +315,44 @@ fn every_metric_family_is_documented() {
     );
 }
 
+/// Every alert in the rules file has its row in the alerts table of docs/monitoring.md,
+/// and the table names no alert the rules file lacks.
+#[test]
+fn every_alert_is_in_the_alerts_table() {
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&read("deploy/prometheus/rules.yml")).expect("rules are YAML");
+    let rules: BTreeSet<String> = doc["groups"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
+        .filter_map(|r| r["alert"].as_str().map(str::to_owned))
+        .collect();
+    assert!(rules.len() >= 10, "{rules:?}");
+    let docs = read("docs/monitoring.md");
+    let section = docs
+        .split("## Alerts")
+        .nth(1)
+        .expect("docs/monitoring.md has an Alerts section");
+    let rows: BTreeSet<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|name| name.starts_with("Bloomgate"))
+        .map(str::to_owned)
+        .collect();
+    let missing: Vec<&String> = rules.difference(&rows).collect();
+    let extra: Vec<&String> = rows.difference(&rules).collect();
+    assert!(
+        missing.is_empty(),
+        "alerts without a row in docs/monitoring.md: {missing:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "rows for alerts the rules file lacks: {extra:?}"
+    );
+}
+
 /// The alert names of the rules group `group`.
 fn alerts_of_group(rules: &str, group: &str) -> Vec<String> {
     let doc: serde_yaml::Value = serde_yaml::from_str(rules).expect("rules are YAML");
