@@ -109,7 +109,8 @@ class Gate:
 
     def __init__(self, client, namespace, name):
         self.client = client
-        self.prefix = f"{namespace}:gate:{name}:"
+        self.prefix = f"{{{namespace}}}:gate:{name}:"
+        self.shard_tag = f"{namespace}:gate:{name}:"
         self.check = client.register_script(CHECK)
 
     def layout(self):
@@ -125,7 +126,7 @@ class Gate:
         blocks = layout["bits"] // 512
         block, positions = locate(key, layout["seed"], blocks, layout["hashes"])
         shard, index = divmod(block, layout["shard_blocks"])
-        name = f"{self.prefix}gen:{layout['gen']}:{shard}"
+        name = f"{{{self.shard_tag}{shard}}}:gen:{layout['gen']}"
         answer = self.check(keys=[name], args=[index * 64] + positions)
         if answer < 0:
             raise LookupError(f"shard {shard} of generation {layout['gen']} is missing")

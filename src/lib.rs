@@ -27,6 +27,8 @@
 //! - [`db`]: sqlx pools for MySQL/MariaDB and SQLite, lookups as JSON, key streaming;
 //!   [`access_log`], [`notify`] (what the process tells systemd), [`serving`].
 //! - [`report`]: an error printed for a person or a log, with every cause below it.
+//! - [`redis_conn`]: the connection to the fleet's Redis, whichever kind the config
+//!   names (one server, Cluster, Sentinel), as one handle.
 //!
 //! Middle (each stage with its metrics beside it, in its `metrics` module):
 //! - [`origin`]: what answers a key the gate let through: SQL lookups and the upstream
@@ -86,7 +88,8 @@
 //! re-exports all of it.
 
 pub use bloomgate_core::{
-    access_log, cert, config, db, filter, key, metrics, notify, pattern, report, serving, watermark,
+    access_log, cert, config, db, filter, key, metrics, notify, pattern, redis_conn, report,
+    serving, watermark,
 };
 
 pub mod admin;

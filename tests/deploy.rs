@@ -987,3 +987,184 @@ async fn the_load_balancer_alternates_between_the_instances_and_passes_over_a_de
         10
     );
 }
+
+/// docker-compose.cluster.yml as compose reads it: `<<` merge keys applied.
+fn cluster_compose() -> serde_yaml::Value {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&read("docker-compose.cluster.yml"))
+        .expect("docker-compose.cluster.yml is YAML");
+    doc.apply_merge().expect("merge keys");
+    doc
+}
+
+/// The words of a node's `sh -c` command line as the shell splits them: `$$` is
+/// compose's escape of `$`, `$REDIS_PASSWORD` the variable the node is given, and
+/// `"..."` and `\|` quote.
+fn node_words(service: &serde_yaml::Value) -> Vec<String> {
+    let entry = strings(&service["entrypoint"]);
+    assert_eq!(&entry[..2], ["sh", "-c"], "{entry:?}");
+    let line = entry[2]
+        .replace("$$REDIS_PASSWORD", ENV_FILE[1].1)
+        .replace("$$(hostname)", "node");
+    line.split_whitespace()
+        .map(|w| w.trim_matches('"').replace("\\|", "|"))
+        .collect()
+}
+
+/// What follows `--user bloomgate` up to the next option: the user's ACL rule.
+fn user_rule(words: &[String]) -> Vec<String> {
+    let at = words
+        .windows(2)
+        .position(|w| w == ["--user", "bloomgate"])
+        .expect("bloomgate's ACL user");
+    words[at + 2..]
+        .iter()
+        .take_while(|w| !w.starts_with("--"))
+        .cloned()
+        .collect()
+}
+
+/// The cluster file changes only the instances' Redis: six cluster nodes that never
+/// evict, joined once by a one-shot service the instances wait for, bloomgate's user on
+/// them as in the main file plus the one command a cluster client needs, and one URL
+/// naming every node. Then the same user on a real six-node cluster lets the real
+/// fleet run: a generation published and its copy in Redis asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_compose_file_runs_the_fleet_on_a_cluster_with_the_same_user() {
+    let main = compose();
+    let cluster = cluster_compose();
+    let services = cluster["services"].as_mapping().expect("services");
+    let nodes: Vec<&str> = services
+        .keys()
+        .filter_map(|k| k.as_str())
+        .filter(|k| k.starts_with("redis-node-"))
+        .collect();
+    assert_eq!(
+        nodes.len(),
+        6,
+        "three primaries and three replicas: {nodes:?}"
+    );
+    let main_words: Vec<String> = strings(&main["services"]["redis"]["command"])
+        .iter()
+        .map(|w| interpolate(w))
+        .collect();
+    let mut main_rule = user_rule(&main_words);
+    main_rule.push("+cluster|slots".to_owned());
+    main_rule.sort();
+    let init = &cluster["services"]["redis-cluster-init"];
+    for node in &nodes {
+        let service = &cluster["services"][*node];
+        assert_eq!(service["hostname"].as_str(), Some(*node));
+        let words = node_words(service);
+        for (option, value) in [
+            ("--cluster-enabled", "yes"),
+            ("--maxmemory-policy", "noeviction"),
+            ("--appendonly", "yes"),
+            ("--cluster-preferred-endpoint-type", "hostname"),
+        ] {
+            let at = words.iter().position(|w| w == option);
+            assert_eq!(
+                at.and_then(|i| words.get(i + 1)).map(String::as_str),
+                Some(value),
+                "{node}: {option}"
+            );
+        }
+        let mut rule = user_rule(&words);
+        rule.sort();
+        assert_eq!(
+            rule, main_rule,
+            "{node}: bloomgate's user differs from the main file's"
+        );
+        assert_eq!(
+            init["depends_on"][*node]["condition"].as_str(),
+            Some("service_healthy")
+        );
+        assert!(service["ports"].is_null(), "{node} is not published");
+    }
+    let mut urls = BTreeSet::new();
+    for name in ["bloomgate-1", "bloomgate-2"] {
+        let instance = &cluster["services"][name];
+        assert_eq!(
+            instance["depends_on"]["redis-cluster-init"]["condition"].as_str(),
+            Some("service_completed_successfully")
+        );
+        let env = environment(instance);
+        assert_eq!(
+            env.len(),
+            1,
+            "the cluster file changes only the Redis URL: {env:?}"
+        );
+        urls.insert(env["BLOOMGATE__FLEET__REDIS_URL"].clone());
+    }
+    assert_eq!(urls.len(), 1, "both instances name one cluster");
+    let url = urls.pop_first().expect("a URL");
+    let Ok(bloomgate::config::RedisTarget::Cluster(seeds)) =
+        bloomgate::config::RedisTarget::parse(&url)
+    else {
+        panic!("{url} is not a cluster URL");
+    };
+    let named: Vec<String> = nodes.iter().map(|n| format!("{n}:6379")).collect();
+    for n in &named {
+        assert!(
+            seeds.iter().any(|s| s.ends_with(&format!("@{n}"))),
+            "{n} missing from {url}"
+        );
+    }
+    assert_eq!(seeds.len(), nodes.len());
+
+    // The user on a real cluster, the instance's URL pointed at it.
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let user: Vec<String> = ["--user", "bloomgate"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(user_rule(&node_words(&cluster["services"][nodes[0]])))
+        .collect();
+    let user: Vec<&str> = user.iter().map(String::as_str).collect();
+    let real =
+        support::topology::TestCluster::start_with(&redis_bin, Some("admin-pw"), &user).await;
+    let mut local = url.clone();
+    for (i, n) in named.iter().enumerate() {
+        local = local.replace(n, &format!("127.0.0.1:{}", real.port(i)));
+    }
+    let db = TestDb::create(&server, 1_000).await;
+    let config = TestConfig::new(&db.url)
+        .expected_items(2_000)
+        .filter("backend = \"redis\"")
+        .filter("redis = { shard_bytes = 4096 }")
+        .route(TestRoute::sql("products", "/api/products/{id}"))
+        .fleet(format!("redis_url = \"{local}\""))
+        .fleet("namespace = \"shop\"")
+        .toml();
+    let proxy = support::TestProxy::spawn(&config).await;
+    proxy.wait_ready(Duration::from_secs(60)).await;
+    eventually(
+        "a builder on the cluster",
+        Duration::from_secs(60),
+        || async {
+            let f = proxy.admin_get("/admin/fleet").await.json();
+            f["redis"]["up"] == true && f["filters"][0]["serving"]["generation"].as_u64() >= Some(1)
+        },
+    )
+    .await;
+    let counter = "bloomgate_filter_redis_checks_total{answer=\"absent\",filter=\"products\"}";
+    eventually(
+        "a refusal answered by the copy in Redis",
+        Duration::from_secs(60),
+        || async {
+            let r = proxy
+                .get(&format!("/api/products/{}", demo_absent_sku(7)))
+                .await;
+            r.status.as_u16() == 404 && proxy.counter_or_zero(counter).await > 0.0
+        },
+    )
+    .await;
+    let r = proxy.get(&format!("/api/products/{}", demo_sku(7))).await;
+    assert_eq!(r.status.as_u16(), 200);
+    let writes = proxy
+        .metric_or_absent(
+            "bloomgate_filter_redis_writes_total{filter=\"products\",kind=\"generation\",result=\"error\"}",
+        )
+        .await;
+    assert_eq!(writes, None, "a write was refused on the cluster");
+}

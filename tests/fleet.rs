@@ -9,7 +9,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
+use bloomgate::redis_conn::RedisConn;
 use redis::AsyncCommands;
+use support::topology::Backing;
 use support::{
     TestConfig, TestDb, TestProxy, TestRedis, TestRoute, eventually, mysql_url, redis_server,
 };
@@ -18,6 +20,11 @@ const TOKEN: &str = "test-admin-token";
 
 /// The config of instance `id` of a fleet in namespace `ns`.
 fn config(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> TestConfig {
+    config_at(db, &redis.url(), ns, id, expected)
+}
+
+/// As [`config`], on the Redis at `redis_url`.
+fn config_at(db: &TestDb, redis_url: &str, ns: &str, id: &str, expected: u64) -> TestConfig {
     TestConfig::new(&db.url)
         .admin_token(TOKEN)
         .expected_items(expected)
@@ -25,7 +32,7 @@ fn config(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> 
         .cache("ttl = \"10m\"")
         .cache("negative_ttl = \"10m\"")
         .route(TestRoute::sql("products", "/api/products/{id}"))
-        .fleet(format!("redis_url = \"{}\"", redis.url()))
+        .fleet(format!("redis_url = \"{redis_url}\""))
         .fleet(format!("namespace = \"{ns}\""))
         .fleet(format!("instance_id = \"{id}\""))
         .fleet("lease_ttl = \"2s\"")
@@ -385,15 +392,15 @@ async fn a_refused_publication_is_tried_again_until_redis_accepts_it() {
     let db = TestDb::create(&server, 1_000).await;
     let redis = TestRedis::start(&redis_bin).await;
     let mut admin = redis.conn().await;
-    let f = "retry:filter:products";
+    let f = "{retry}:filter:products";
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg("fleet")
         .arg("on")
         .arg(">pw")
         .arg("resetkeys")
-        .arg("~retry:epoch")
-        .arg("~retry:stream")
+        .arg("~{retry}:epoch")
+        .arg("~{retry}:stream")
         .arg(format!("~{f}:lease"))
         .arg(format!("~{f}:fence"))
         .arg(format!("~{f}:gen_seq"))
@@ -564,18 +571,29 @@ async fn a_rebuild_a_follower_cannot_send_on_is_refused_with_the_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_refuse_a_corrupt_or_an_all_zero_generation_and_keep_serving() {
+    corrupt_generations_refused(false).await;
+}
+
+/// The same on a Redis Cluster of three primaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_followers_refuse_a_corrupt_or_an_all_zero_generation() {
+    corrupt_generations_refused(true).await;
+}
+
+async fn corrupt_generations_refused(cluster: bool) {
     let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
         return;
     };
     let db = TestDb::create(&server, 1_000).await;
-    let redis = TestRedis::start(&redis_bin).await;
-    let a = TestProxy::spawn(&config(&db, &redis, "bad", "a", 2_000).toml()).await;
+    let redis = Backing::start(&redis_bin, cluster).await;
+    let cfg = |id: &str| config_at(&db, &redis.url(), "bad", id, 2_000).toml();
+    let a = TestProxy::spawn(&cfg("a")).await;
     ready(&a, Duration::from_secs(60)).await;
-    let b = TestProxy::spawn(&config(&db, &redis, "bad", "b", 2_000).toml()).await;
+    let b = TestProxy::spawn(&cfg("b")).await;
     ready(&b, Duration::from_secs(60)).await;
-    let mut conn = redis.conn().await;
+    let mut conn = redis.conn();
     let current: std::collections::HashMap<String, String> = conn
-        .hgetall("bad:filter:products:current")
+        .hgetall("{bad}:filter:products:current")
         .await
         .expect("current");
     let generation: u64 = current["gen"].parse().expect("gen");
@@ -583,7 +601,7 @@ async fn followers_refuse_a_corrupt_or_an_all_zero_generation_and_keep_serving()
     let mut bytes = Vec::new();
     for i in 0..chunks {
         let part: Vec<u8> = conn
-            .get(format!("bad:filter:products:gen:{generation}:{i}"))
+            .get(format!("{{bad}}:filter:products:gen:{generation}:{i}"))
             .await
             .expect("chunk");
         bytes.extend(part);
@@ -624,7 +642,7 @@ async fn followers_refuse_a_corrupt_or_an_all_zero_generation_and_keep_serving()
 /// counts one more refused generation, and returns its fleet state then.
 async fn planted_and_refused(
     follower: &TestProxy,
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut RedisConn,
     g: u64,
     bytes: &[u8],
     like: &std::collections::HashMap<String, String>,
@@ -651,14 +669,14 @@ async fn planted_and_refused(
 /// announcing it on the stream as a builder would (but without a lease: the test plays
 /// an attacker or a faulty writer with access to Redis).
 async fn plant(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut RedisConn,
     ns: &str,
     g: u64,
     bytes: &[u8],
     like: &std::collections::HashMap<String, String>,
 ) {
     let _: () = conn
-        .set(format!("{ns}:filter:products:gen:{g}:0"), bytes)
+        .set(format!("{{{ns}}}:filter:products:gen:{g}:0"), bytes)
         .await
         .expect("chunk");
     let at = std::time::SystemTime::now()
@@ -675,11 +693,11 @@ async fn plant(
         ("at", at.to_string()),
     ];
     let _: () = conn
-        .hset_multiple(format!("{ns}:filter:products:current"), &fields)
+        .hset_multiple(format!("{{{ns}}}:filter:products:current"), &fields)
         .await
         .expect("current");
     let _: String = redis::cmd("XADD")
-        .arg(format!("{ns}:stream"))
+        .arg(format!("{{{ns}}}:stream"))
         .arg("*")
         .arg(&[
             ("op", "gen"),

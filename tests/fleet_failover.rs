@@ -24,9 +24,10 @@ use bytes::Bytes;
 use http::Method;
 use serde_json::Value;
 use support::binary::Bloomgate;
+use support::topology::Backing;
 use support::{
-    HttpClient, SYNC_QUERY, TestConfig, TestDb, TestRedis, TestRoute, assert_exported_family,
-    concurrently, mysql_url, redis_server, series_value,
+    HttpClient, SYNC_QUERY, TestConfig, TestDb, TestRoute, assert_exported_family, concurrently,
+    mysql_url, redis_server, series_value,
 };
 use tokio::sync::watch;
 
@@ -41,7 +42,7 @@ const NEW_KEYS_FROM: u64 = 10_000_000;
 const SETTLE: Duration = Duration::from_secs(60);
 
 /// The config of instance `id`: a synced filter and short fleet timings.
-fn config(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> String {
+fn config(db: &TestDb, redis_url: &str, ns: &str, id: &str, expected: u64) -> String {
     TestConfig::new(&db.url)
         .server("listen = \"127.0.0.1:0\"")
         .admin("listen = \"127.0.0.1:0\"")
@@ -54,7 +55,7 @@ fn config(db: &TestDb, redis: &TestRedis, ns: &str, id: &str, expected: u64) -> 
         .sync_query(SYNC_QUERY)
         .sync("interval = \"200ms\"")
         .sync("overlap = \"2s\"")
-        .fleet(format!("redis_url = \"{}\"", redis.url()))
+        .fleet(format!("redis_url = \"{redis_url}\""))
         .fleet(format!("namespace = \"{ns}\""))
         .fleet(format!("instance_id = \"{id}\""))
         .fleet("lease_ttl = \"2s\"")
@@ -460,22 +461,32 @@ async fn final_pass(client: &HttpClient, nodes: &[Node], on: &[usize], book: &Sh
 /// The instance ids of [`start_fleet`]'s instances, in order.
 const IDS: [&str; 3] = ["a", "b", "c"];
 
-async fn start_fleet(db: &TestDb, redis: &TestRedis, ns: &str, expected: u64) -> Vec<Bloomgate> {
+async fn start_fleet(db: &TestDb, redis: &Backing, ns: &str, expected: u64) -> Vec<Bloomgate> {
     let mut bins = Vec::new();
     for id in IDS {
-        bins.push(Bloomgate::serve(&config(db, redis, ns, id, expected), &[]).await);
+        bins.push(Bloomgate::serve(&config(db, &redis.url(), ns, id, expected), &[]).await);
     }
     bins
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused() {
+    builder_killed_during_churn(false).await;
+}
+
+/// The same on a Redis Cluster of three primaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused() {
+    builder_killed_during_churn(true).await;
+}
+
+async fn builder_killed_during_churn(cluster: bool) {
     let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
         return;
     };
     const N: u64 = 20_000;
     let db = Arc::new(TestDb::create_heavy(&server, N).await);
-    let redis = TestRedis::start(&redis_bin).await;
+    let redis = Backing::start(&redis_bin, cluster).await;
     let mut bins = start_fleet(&db, &redis, "failover", 2 * N).await;
     let nodes: Vec<Node> = bins.iter().map(Node::of).collect();
     let client = HttpClient::new();
@@ -530,11 +541,11 @@ async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused
         .expect("the reader runs");
     // The lease as Redis holds it at the kill: no survivor can take it before it
     // expires (a renewal between this read and the kill only makes that later).
-    let mut conn = redis.conn().await;
+    let mut conn = redis.conn();
     let lease_read = Instant::now();
     let (holder, left_ms): (Option<String>, i64) = redis::pipe()
-        .get("failover:filter:products:lease")
-        .pttl("failover:filter:products:lease")
+        .get("{failover}:filter:products:lease")
+        .pttl("{failover}:filter:products:lease")
         .query_async(&mut conn)
         .await
         .expect("read the lease");
@@ -624,12 +635,22 @@ async fn a_builder_killed_during_churn_is_replaced_and_no_present_key_is_refused
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
+    redis_killed_then_back_empty(false).await;
+}
+
+/// The same with every node of a Redis Cluster killed, and the cluster created anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_killed_under_traffic_then_back_empty_refuses_no_present_key() {
+    redis_killed_then_back_empty(true).await;
+}
+
+async fn redis_killed_then_back_empty(cluster: bool) {
     let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
         return;
     };
     const N: u64 = 5_000;
     let db = Arc::new(TestDb::create(&server, N).await);
-    let mut redis = TestRedis::start(&redis_bin).await;
+    let mut redis = Backing::start(&redis_bin, cluster).await;
     let bins = start_fleet(&db, &redis, "outage", 4 * N).await;
     let nodes: Vec<Node> = bins.iter().map(Node::of).collect();
     let all: Vec<usize> = (0..nodes.len()).collect();
@@ -711,7 +732,7 @@ async fn redis_killed_under_traffic_then_back_empty_refuses_no_present_key() {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_millis() as u64;
-    redis.restart().await;
+    redis.restart_empty().await;
     let back = Instant::now();
     for (i, n) in nodes.iter().enumerate() {
         loop {

@@ -397,6 +397,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "notify",
             "serving",
             "report",
+            "redis_conn",
         ],
     ),
     ("middle", &["origin", "cache", "gate", "fleet", "audit"]),

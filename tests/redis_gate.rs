@@ -449,29 +449,78 @@ async fn set_user(conn: &mut MultiplexedConnection, rule: &[String]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_users_can_keep_and_read_the_copy_in_redis() {
+    documented_acl_users(false).await;
+}
+
+/// The same over TLS (`rediss://`), the server's certificate signed by a CA of the
+/// test's own that the instance trusts through `fleet.tls_ca_file`; the port the
+/// instance and the reader use speaks only TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_users_can_keep_and_read_the_copy_in_redis_over_tls() {
+    documented_acl_users(true).await;
+}
+
+async fn documented_acl_users(tls: bool) {
     let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
         return;
     };
     let rows = 1_000;
     let db = TestDb::create(&server, rows).await;
-    let redis = TestRedis::start(&redis_bin).await;
+    let ca = support::tls::TestCa::new();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (cert, key) = ca.issue("redis", (2099, 1, 1)).write(dir.path());
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca.pem).expect("write the CA");
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let options = if tls {
+        let path = |p: &std::path::Path| p.display().to_string();
+        support::RedisOptions::new().args(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &path(&cert),
+            "--tls-key-file",
+            &path(&key),
+            "--tls-ca-cert-file",
+            &path(&ca_file),
+            "--tls-auth-clients",
+            "no",
+        ])
+    } else {
+        support::RedisOptions::new()
+    };
+    let redis = TestRedis::start_with(&redis_bin, options).await;
+    let (scheme, port) = if tls {
+        ("rediss", tls_port)
+    } else {
+        ("redis", redis.port())
+    };
     let mut admin = redis.conn().await;
     // The rules as the docs give them, for the namespace `acl`.
     let writer: Vec<String> = documented_acl("fleet.md", "bloomgate")
         .into_iter()
-        .map(|a| a.replace("~bloomgate:*", "~acl:*"))
+        .map(|a| a.replace("{bloomgate", "{acl"))
         .collect();
-    assert!(writer.contains(&"~acl:*".to_owned()), "{writer:?}");
+    assert!(writer.contains(&"~{acl}:*".to_owned()), "{writer:?}");
+    assert!(writer.contains(&"~{acl:*".to_owned()), "{writer:?}");
     set_user(&mut admin, &writer).await;
     let reader: Vec<String> = documented_acl("redis-gate.md", "gate-reader")
         .into_iter()
-        .map(|a| a.replace("~bloomgate:gate:*", "~acl:gate:*"))
+        .map(|a| a.replace("{bloomgate", "{acl"))
         .collect();
-    assert!(reader.contains(&"~acl:gate:*".to_owned()), "{reader:?}");
+    assert!(reader.contains(&"~{acl}:gate:*".to_owned()), "{reader:?}");
+    assert!(reader.contains(&"~{acl:gate:*".to_owned()), "{reader:?}");
     set_user(&mut admin, &reader).await;
 
-    let url = format!("redis://bloomgate:change-me@127.0.0.1:{}", redis.port());
-    let a = TestProxy::spawn(&config_at(&db, &url, "acl", "a", rows).toml()).await;
+    let url = format!("{scheme}://bloomgate:change-me@127.0.0.1:{port}");
+    let mut cfg = config_at(&db, &url, "acl", "a", rows);
+    if tls {
+        cfg = cfg.fleet(format!("tls_ca_file = \"{}\"", ca_file.display()));
+    }
+    let a = TestProxy::spawn(&cfg.toml()).await;
     a.wait_ready(Duration::from_secs(60)).await;
     let keys = HeldKeys::new("acl", "products");
     let layout = held_layout(&mut admin, &keys, 0, SETTLE).await;
@@ -490,11 +539,19 @@ async fn the_documented_acl_users_can_keep_and_read_the_copy_in_redis() {
     assert_eq!(writes_failed, None, "an admission write was refused");
 
     // The reader runs the check, and nothing that writes.
-    let reader_url = format!(
-        "redis://gate-reader:reader-secret@127.0.0.1:{}",
-        redis.port()
-    );
-    let mut as_reader = redis::Client::open(reader_url.as_str())
+    let reader_url = format!("{scheme}://gate-reader:reader-secret@127.0.0.1:{port}");
+    let reader_client = if tls {
+        redis::Client::build_with_tls(
+            reader_url.as_str(),
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.pem.clone().into_bytes()),
+            },
+        )
+    } else {
+        redis::Client::open(reader_url.as_str())
+    };
+    let mut as_reader = reader_client
         .expect("reader URL")
         .get_multiplexed_async_connection()
         .await
@@ -1011,7 +1068,7 @@ async fn only_the_builder_holds_a_copy_through_a_killed_builder_and_a_lost_lease
     // stops building and drops its copy. Once the lease expires an instance takes it,
     // loads the copy and writes a new generation.
     let _: () = redis::cmd("SET")
-        .arg("takeover:filter:products:lease")
+        .arg("{takeover}:filter:products:lease")
         .arg("elsewhere")
         .arg("PX")
         .arg(3000)
@@ -1054,7 +1111,7 @@ async fn an_admission_that_has_not_reached_redis_is_let_through_by_the_instance_
     // admissions reach neither the copy in Redis nor the builder.
     let mut rule: Vec<String> = documented_acl("fleet.md", "bloomgate")
         .into_iter()
-        .map(|a| a.replace("~bloomgate:*", "~unwritten:*"))
+        .map(|a| a.replace("{bloomgate", "{unwritten"))
         .collect();
     rule.extend(["-setbit".to_owned(), "-xadd".to_owned()]);
     set_user(&mut admin, &rule).await;

@@ -497,7 +497,13 @@ async fn an_admission_at_any_step_of_a_publication_is_in_the_new_generation() {
         shard_bytes: 64 * 97,
         ..HeldConfig::default()
     };
-    let gate = Arc::new(HeldGate::new("steps", "bg-test", manager, config, metrics));
+    let gate = Arc::new(HeldGate::new(
+        "steps",
+        "bg-test",
+        bloomgate::redis_conn::RedisConn::Single(manager),
+        config,
+        metrics,
+    ));
     let keys = HeldKeys::new("bg-test", "steps");
     let mut conn = redis.conn().await;
     let scripts = Scripts::new();

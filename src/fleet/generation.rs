@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 
+use bloomgate_core::redis_conn::RedisConn;
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use super::keys::Keys;
 use super::lease::Lease;
@@ -53,6 +53,9 @@ pub enum GenerationError {
     /// A chunk expired before the flip (the upload took longer than its expiry).
     #[error("a chunk of the new generation vanished before it was made current")]
     ChunkMissing,
+    /// `current` kept changing while the generation was being made current.
+    #[error("the current generation changed three times during the publication")]
+    Raced,
     /// `current` holds a field that cannot be read.
     #[error("current generation record is malformed: {0}")]
     BadRecord(&'static str),
@@ -120,26 +123,36 @@ pub enum Implausible {
     },
 }
 
+/// Makes a generation current, fenced by the lease. `KEYS`: the lease, the `current`
+/// record, the stream, then the new generation's `ARGV[3]` chunks, then the chunks of
+/// the generation the caller read as current (`ARGV[10]`, with `ARGV[11]` chunks; `''`
+/// for none). Every key is named in `KEYS`, all in the fleet's hash slot. Returns 1 when
+/// done, 0 when the lease is not the caller's, -1 when a new chunk is gone, -2 when
+/// `current` changed since the caller read it (read it again).
 const PUBLISH: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-local prefix = ARGV[10]
-for i = 0, tonumber(ARGV[3]) - 1 do
-  if redis.call('PERSIST', prefix .. ARGV[2] .. ':' .. i) == 0 and redis.call('EXISTS', prefix .. ARGV[2] .. ':' .. i) == 0 then
+local new = tonumber(ARGV[3])
+for i = 1, new do
+  local chunk = KEYS[3 + i]
+  if redis.call('PERSIST', chunk) == 0 and redis.call('EXISTS', chunk) == 0 then
     return -1
   end
 end
 local old = redis.call('HMGET', KEYS[2], 'gen', 'chunks')
+if (old[1] or '') ~= ARGV[10] or (old[1] and old[2] ~= ARGV[11]) then
+  return -2
+end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], 'gen', ARGV[2], 'chunks', ARGV[3], 'bytes', ARGV[4], 'items', ARGV[5],
   'start', ARGV[6], 'by', ARGV[7], 'at', ARGV[8])
-if old[1] and old[1] ~= ARGV[2] and old[2] then
-  for i = 0, tonumber(old[2]) - 1 do
-    redis.call('PEXPIRE', prefix .. old[1] .. ':' .. i, ARGV[9])
+if old[1] and old[1] ~= ARGV[2] then
+  for i = 3 + new + 1, #KEYS do
+    redis.call('PEXPIRE', KEYS[i], ARGV[9])
   end
 end
-redis.call('XADD', KEYS[3], '*', 'op', 'gen', 'f', ARGV[11], 'g', ARGV[2], 'src', ARGV[7])
+redis.call('XADD', KEYS[3], '*', 'op', 'gen', 'f', ARGV[12], 'g', ARGV[2], 'src', ARGV[7])
 return 1
 ";
 
@@ -171,7 +184,7 @@ pub struct Publication<'a> {
 
 /// Uploads and flips a generation; returns its number.
 pub async fn publish(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     keys: &Keys,
     p: Publication<'_>,
 ) -> Result<Current, GenerationError> {
@@ -207,23 +220,49 @@ pub async fn publish(
         pipe.query_async::<()>(conn).await?;
     }
     let at_ms = unix_ms();
-    let flipped: i64 = Script::new(PUBLISH)
-        .key(keys.lease(p.filter))
-        .key(keys.current(p.filter))
-        .key(keys.stream())
-        .arg(&p.lease.value)
-        .arg(generation)
-        .arg(chunks)
-        .arg(p.bytes.len() as u64)
-        .arg(p.items)
-        .arg(p.start.to_string())
-        .arg(p.instance)
-        .arg(at_ms)
-        .arg(p.grace_ms)
-        .arg(keys.chunk_prefix(p.filter))
-        .arg(p.filter)
-        .invoke_async(conn)
-        .await?;
+    let script = Script::new(PUBLISH);
+    let mut flipped = -2;
+    // `current` is read first so that the chunks it names can be declared to the
+    // script; a publication that raced another (it should not: the lease fences them)
+    // reads it again.
+    for _ in 0..3 {
+        let (old_gen, old_chunks): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(keys.current(p.filter))
+            .arg("gen")
+            .arg("chunks")
+            .query_async(conn)
+            .await?;
+        let mut call = script.key(keys.lease(p.filter));
+        call.key(keys.current(p.filter)).key(keys.stream());
+        for i in 0..chunks {
+            call.key(keys.chunk(p.filter, generation, i));
+        }
+        if let (Some(g), Some(n)) = (old_gen, old_chunks)
+            && g != generation
+        {
+            for i in 0..n {
+                call.key(keys.chunk(p.filter, g, i));
+            }
+        }
+        flipped = call
+            .arg(&p.lease.value)
+            .arg(generation)
+            .arg(chunks)
+            .arg(p.bytes.len() as u64)
+            .arg(p.items)
+            .arg(p.start.to_string())
+            .arg(p.instance)
+            .arg(at_ms)
+            .arg(p.grace_ms)
+            .arg(old_gen.map(|g| g.to_string()).unwrap_or_default())
+            .arg(old_chunks.map(|n| n.to_string()).unwrap_or_default())
+            .arg(p.filter)
+            .invoke_async(conn)
+            .await?;
+        if flipped != -2 {
+            break;
+        }
+    }
     match flipped {
         1 => Ok(Current {
             generation,
@@ -235,13 +274,14 @@ pub async fn publish(
             at_ms,
         }),
         0 => Err(GenerationError::Fenced),
-        _ => Err(GenerationError::ChunkMissing),
+        -1 => Err(GenerationError::ChunkMissing),
+        _ => Err(GenerationError::Raced),
     }
 }
 
 /// Reads `current` of `filter`; `None` when no generation was published.
 pub async fn current(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     keys: &Keys,
     filter: &str,
 ) -> Result<Option<Current>, GenerationError> {
@@ -274,7 +314,7 @@ pub async fn current(
 
 /// Fetches the chunks of `current` and verifies them as a snapshot.
 pub async fn fetch(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     keys: &Keys,
     filter: &str,
     current: &Current,

@@ -1,14 +1,17 @@
-//! The names of every Redis key a fleet uses, under its namespace `ns`:
+//! The names of every Redis key a fleet uses, under its namespace `ns`. Each starts
+//! with the hash tag `{ns}`, so all of them are in one hash slot of a Redis Cluster:
+//! the scripts that take a lease, publish a generation or append to the stream touch
+//! several of them at once, and Cluster runs a script only on keys of one slot.
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `ns:epoch` | string | a random token set by the first instance to find it absent; a different one means Redis lost its data |
-//! | `ns:stream` | stream | the change stream (admissions, invalidations, generation announcements) |
-//! | `ns:filter:F:lease` | string, expiring | `epoch:instance` of filter F's builder |
-//! | `ns:filter:F:fence` | integer | the fencing epoch counter of F's lease |
-//! | `ns:filter:F:gen_seq` | integer | the last generation number drawn for F |
-//! | `ns:filter:F:current` | hash | the current generation of F (`gen`, `chunks`, `bytes`, `items`, `start`, `by`, `at`) |
-//! | `ns:filter:F:gen:G:I` | string | chunk I of generation G of F; expiring once superseded |
+//! | `{ns}:epoch` | string | a random token set by the first instance to find it absent; a different one means Redis lost its data |
+//! | `{ns}:stream` | stream | the change stream (admissions, invalidations, generation announcements) |
+//! | `{ns}:filter:F:lease` | string, expiring | `epoch:instance` of filter F's builder |
+//! | `{ns}:filter:F:fence` | integer | the fencing epoch counter of F's lease |
+//! | `{ns}:filter:F:gen_seq` | integer | the last generation number drawn for F |
+//! | `{ns}:filter:F:current` | hash | the current generation of F (`gen`, `chunks`, `bytes`, `items`, `start`, `by`, `at`) |
+//! | `{ns}:filter:F:gen:G:I` | string | chunk I of generation G of F; expiring once superseded |
 
 /// Key names of one fleet.
 #[derive(Debug, Clone)]
@@ -19,7 +22,9 @@ pub struct Keys {
 impl Keys {
     /// Keys under namespace `ns`.
     pub fn new(ns: &str) -> Keys {
-        Keys { ns: ns.to_owned() }
+        Keys {
+            ns: format!("{{{ns}}}"),
+        }
     }
 
     /// The epoch token.

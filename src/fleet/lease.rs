@@ -5,8 +5,8 @@
 //! expired and was taken by another cannot extend or delete the new holder's. Every
 //! publication checks the same value in its own script (see `generation`).
 
+use bloomgate_core::redis_conn::RedisConn;
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 /// A lease this instance holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +53,7 @@ return 0
 
 /// Tries to take the lease at `lease_key`, drawing the epoch from `fence_key`.
 pub async fn acquire(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     lease_key: &str,
     fence_key: &str,
     instance: &str,
@@ -75,7 +75,7 @@ pub async fn acquire(
 
 /// Extends `lease` by `ttl_ms` if this instance still holds it; false if it does not.
 pub async fn renew(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     lease_key: &str,
     lease: &Lease,
     ttl_ms: u64,
@@ -91,7 +91,7 @@ pub async fn renew(
 
 /// Gives `lease` up if this instance still holds it.
 pub async fn release(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     lease_key: &str,
     lease: &Lease,
 ) -> redis::RedisResult<bool> {

@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
@@ -36,6 +35,7 @@ use crate::gate::{Filter, RebuildReason};
 use bloomgate_core::config::FleetConfig;
 use bloomgate_core::db::Db;
 use bloomgate_core::key::OwnedKey;
+use bloomgate_core::redis_conn::{self as connect, RedisConn};
 use bloomgate_core::report::Chain;
 use change::{Change, Entry};
 use generation::Current;
@@ -52,6 +52,9 @@ pub enum FleetError {
     /// The Redis URL or client settings were refused, or a Redis call failed.
     #[error("redis")]
     Redis(#[from] redis::RedisError),
+    /// The connection to Redis could not be set up.
+    #[error(transparent)]
+    Connect(#[from] connect::ConnectError),
 }
 
 /// What this instance is for one filter.
@@ -111,9 +114,9 @@ pub struct Fleet {
     instance: Arc<str>,
     keys: Keys,
     /// Commands (leases, generations, appends).
-    conn: ConnectionManager,
+    conn: RedisConn,
     /// Blocking stream reads only.
-    reader: ConnectionManager,
+    reader: RedisConn,
     members: BTreeMap<String, Arc<Member>>,
     admit: Arc<Admit>,
     db: Db,
@@ -146,19 +149,19 @@ impl Fleet {
         outbox: mpsc::Receiver<Change>,
         metrics: FleetMetrics,
     ) -> Result<Fleet, FleetError> {
-        let client = redis::Client::open(config.redis_url.as_str())?;
-        let settings = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.command_timeout))
-            .set_response_timeout(Some(config.command_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(config.retry_interval);
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), settings.clone())?;
+        let timeouts = connect::Timeouts {
+            connect: config.command_timeout,
+            response: config.command_timeout,
+            retry: config.retry_interval,
+        };
+        let conn = RedisConn::open(&config, timeouts)?;
         // A blocked read waits up to a second for entries, plus the usual timeout.
-        let reader = ConnectionManager::new_lazy_with_config(
-            client,
-            settings.set_response_timeout(Some(
-                config.command_timeout + std::time::Duration::from_secs(1),
-            )),
+        let reader = RedisConn::open(
+            &config,
+            connect::Timeouts {
+                response: config.command_timeout + std::time::Duration::from_secs(1),
+                ..timeouts
+            },
         )?;
         let instance: Arc<str> = Arc::from(
             config
@@ -361,6 +364,8 @@ impl Fleet {
             "namespace": self.config.namespace,
             "redis": {
                 "url": redacted(&self.config.redis_url),
+                "kind": bloomgate_core::config::RedisTarget::parse(&self.config.redis_url)
+                    .map_or("single", |t| t.kind()),
                 "up": self.redis_up(),
                 "epoch": lock(&self.token).clone(),
                 "resets_seen": self.resets.load(Ordering::Relaxed),

@@ -8,8 +8,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use bloomgate_core::redis_conn::RedisConn;
 use redis::Value;
-use redis::aio::ConnectionManager;
 use redis::streams::{StreamRangeReply, StreamReadReply};
 use tokio::sync::mpsc;
 
@@ -52,7 +52,7 @@ pub const OUTBOX_LIMIT: usize = 100_000;
 const APPEND_BATCH: usize = 100;
 
 /// Reads the stream from this instance's position and applies every entry, until aborted.
-pub async fn read_loop(fleet: Arc<Fleet>, mut conn: ConnectionManager) {
+pub async fn read_loop(fleet: Arc<Fleet>, mut conn: RedisConn) {
     let key = fleet.keys.stream();
     let block_ms = 1000u64;
     loop {
@@ -92,7 +92,7 @@ pub async fn read_loop(fleet: Arc<Fleet>, mut conn: ConnectionManager) {
 /// positions; for a generation swapped in on top of which they are replayed.
 pub async fn admitted_since(
     fleet: &Fleet,
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     filter: &str,
     after: StreamPos,
 ) -> redis::RedisResult<Vec<(StreamPos, OwnedKey)>> {
@@ -191,7 +191,7 @@ pub async fn append_loop(fleet: Arc<Fleet>, mut outbox: mpsc::Receiver<Change>) 
 
 /// The last entry's position, `None` for an empty or absent stream.
 pub async fn last_position(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     key: &str,
 ) -> redis::RedisResult<Option<StreamPos>> {
     let reply: StreamRangeReply = redis::cmd("XREVRANGE")
@@ -207,7 +207,7 @@ pub async fn last_position(
 
 /// How many entries follow `after` (counting at most `cap`), and the first one's position.
 pub async fn behind(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     key: &str,
     after: StreamPos,
     cap: usize,
@@ -228,10 +228,7 @@ pub async fn behind(
 
 /// The highest position trimmed away from the stream (`max-deleted-entry-id` of
 /// `XINFO STREAM`); `None` when the stream does not exist.
-pub async fn max_deleted(
-    conn: &mut ConnectionManager,
-    key: &str,
-) -> redis::RedisResult<Option<StreamPos>> {
+pub async fn max_deleted(conn: &mut RedisConn, key: &str) -> redis::RedisResult<Option<StreamPos>> {
     let exists: bool = redis::cmd("EXISTS").arg(key).query_async(conn).await?;
     if !exists {
         return Ok(None);

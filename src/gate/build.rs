@@ -177,7 +177,10 @@ impl Filter {
         let live = self.live.load_full()?;
         let mark = self.watermark().map(|m| self.sync_restart_mark(m));
         let Membership::Local(f) = &*live;
-        Some((snapshot::encode(f, mark), mark, f.items()))
+        // The count the snapshot records, not one read after it: admissions go on while
+        // it is encoded, and a follower refuses a record that disagrees with its bytes.
+        let (bytes, items) = snapshot::encode_counted(f, mark);
+        Some((bytes, mark, items))
     }
 
     /// Loads the snapshot at `path` if it is valid and matches the config. Returns

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use redis::aio::ConnectionManager;
+use bloomgate_core::redis_conn::RedisConn;
 
 use super::redis_held::{self, HeldError, HeldKeys, Layout, Scripts, Upload};
 use crate::gate::metrics::FilterMetrics;
@@ -66,7 +66,7 @@ pub struct HeldGate {
     name: Arc<str>,
     keys: HeldKeys,
     scripts: Scripts,
-    conn: ConnectionManager,
+    conn: RedisConn,
     /// The generation checked and written; `None` while none is trusted.
     layout: ArcSwapOption<Layout>,
     /// The generation being published by this instance, written to as well.
@@ -95,7 +95,7 @@ impl HeldGate {
     pub fn new(
         name: &str,
         namespace: &str,
-        conn: ConnectionManager,
+        conn: RedisConn,
         config: HeldConfig,
         metrics: FilterMetrics,
     ) -> HeldGate {

@@ -4,13 +4,18 @@
 //! trip each. Any client that can hash a key the way [`bloomgate_core::filter::locate`] does can
 //! ask the same filter the same question (see `docs/redis-gate.md`).
 //!
-//! # Keys, under a prefix `P` (`NS:gate:F:` for namespace `NS` and filter `F`)
+//! # Keys, for namespace `NS` and filter `F`
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `P` `current` | hash | `gen`, `seed`, `bits`, `hashes`, `shard_blocks`, `shards`, `items`, `at` |
-//! | `P` `gen_seq` | integer | the last generation number drawn |
-//! | `P` `gen:G:S` | string | shard `S` of generation `G`: blocks `S * shard_blocks ..` of the filter, 64 bytes each |
+//! | `{NS}:gate:F:current` | hash | `gen`, `seed`, `bits`, `hashes`, `shard_blocks`, `shards`, `items`, `at` |
+//! | `{NS}:gate:F:gen_seq` | integer | the last generation number drawn |
+//! | `{NS:gate:F:S}:gen:G` | string | shard `S` of generation `G`: blocks `S * shard_blocks ..` of the filter, 64 bytes each |
+//!
+//! The braces are Redis Cluster hash tags: the record and the counter share the
+//! fleet's slot, and each shard index has a slot of its own, so the shards of a large
+//! filter, and the checks that read them, spread over the cluster's primaries. Every
+//! script touches one key, named in its `KEYS`.
 //!
 //! A shard is written whole before `current` names its generation, and is never shorter
 //! than its blocks: a read that finds a shard empty has found a Redis that lost it, and
@@ -80,30 +85,25 @@ end
 return set
 ";
 
-/// Makes a written generation current: checks that every shard is there and keeps it,
-/// records the layout, and sets the superseded generation's shards to expire after the
-/// grace period (readers that still hold its layout finish with it). 1 when done, -1 when
-/// a shard is missing (it expired during a slow upload, or Redis lost it).
+/// Records a generation's layout in `KEYS[1]` (the `current` record) in place of the one
+/// there, keeping the replaced generation's number and shard count as `prev` and
+/// `prev_shards`, and returns the replaced record's generation, shards, `prev` and
+/// `prev_shards` (those it has).
 const FLIP_SCRIPT: &str = r"
-local prefix = ARGV[1]
-local gen = ARGV[2]
-for s = 0, tonumber(ARGV[7]) - 1 do
-  local shard = prefix .. 'gen:' .. gen .. ':' .. s
-  if redis.call('EXISTS', shard) == 0 then
-    return -1
-  end
-  redis.call('PERSIST', shard)
-end
-local old = redis.call('HMGET', KEYS[1], 'gen', 'shards')
+local old = redis.call('HMGET', KEYS[1], 'gen', 'shards', 'prev', 'prev_shards')
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'gen', gen, 'seed', ARGV[3], 'bits', ARGV[4], 'hashes', ARGV[5],
-  'shard_blocks', ARGV[6], 'shards', ARGV[7], 'items', ARGV[8], 'at', ARGV[9])
-if old[1] and old[1] ~= gen and old[2] then
-  for s = 0, tonumber(old[2]) - 1 do
-    redis.call('PEXPIRE', prefix .. 'gen:' .. old[1] .. ':' .. s, ARGV[10])
+redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'seed', ARGV[2], 'bits', ARGV[3], 'hashes', ARGV[4],
+  'shard_blocks', ARGV[5], 'shards', ARGV[6], 'items', ARGV[7], 'at', ARGV[8])
+local replaced = {}
+if old[1] and old[2] and old[1] ~= ARGV[1] then
+  redis.call('HSET', KEYS[1], 'prev', old[1], 'prev_shards', old[2])
+  replaced = {old[1], old[2]}
+  if old[3] and old[4] and old[3] ~= ARGV[1] then
+    replaced[3] = old[3]
+    replaced[4] = old[4]
   end
 end
-return 1
+return replaced
 ";
 
 /// Why a Redis-held filter could not be written or read.
@@ -143,20 +143,19 @@ pub enum HeldError {
 /// The key names of one filter held in Redis.
 #[derive(Debug, Clone)]
 pub struct HeldKeys {
+    /// `{NS}:gate:F:`, what the record and the counter start with.
     prefix: String,
+    /// `NS:gate:F:`, what the hash tag of a shard starts with.
+    shard_tag: String,
 }
 
 impl HeldKeys {
     /// The keys of filter `filter` under namespace `namespace`.
     pub fn new(namespace: &str, filter: &str) -> HeldKeys {
         HeldKeys {
-            prefix: format!("{namespace}:gate:{filter}:"),
+            prefix: format!("{{{namespace}}}:gate:{filter}:"),
+            shard_tag: format!("{namespace}:gate:{filter}:"),
         }
-    }
-
-    /// What every key of this filter starts with.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
     }
 
     /// The current generation's record.
@@ -171,7 +170,7 @@ impl HeldKeys {
 
     /// Shard `shard` of generation `generation`.
     pub fn shard(&self, generation: u64, shard: u64) -> String {
-        format!("{}gen:{generation}:{shard}", self.prefix)
+        format!("{{{}{shard}}}:gen:{generation}", self.shard_tag)
     }
 }
 
@@ -366,9 +365,26 @@ pub async fn flip<C: ConnectionLike + Send>(
     layout: &Layout,
     upload: Upload,
 ) -> Result<(), HeldError> {
-    let flipped: i64 = Script::new(FLIP_SCRIPT)
+    // The shards live in slots of their own, so no one script can see them and the
+    // record together. Each shard is kept first (a kept shard no longer expires), and
+    // the record names the generation only once all of them are.
+    for shard in 0..layout.shards() {
+        let name = keys.shard(layout.generation, shard);
+        let (kept, exists): (i64, i64) = redis::pipe()
+            .cmd("PERSIST")
+            .arg(&name)
+            .cmd("EXISTS")
+            .arg(&name)
+            .query_async(conn)
+            .await?;
+        if kept == 0 && exists == 0 {
+            return Err(HeldError::Vanished {
+                generation: layout.generation,
+            });
+        }
+    }
+    let replaced: Vec<u64> = Script::new(FLIP_SCRIPT)
         .key(keys.current())
-        .arg(keys.prefix())
         .arg(layout.generation)
         .arg(layout.seed)
         .arg(layout.bits)
@@ -377,13 +393,21 @@ pub async fn flip<C: ConnectionLike + Send>(
         .arg(layout.shards())
         .arg(layout.items)
         .arg(unix_ms())
-        .arg(millis(upload.grace))
         .invoke_async(conn)
         .await?;
-    if flipped != 1 {
-        return Err(HeldError::Vanished {
-            generation: layout.generation,
-        });
+    // The superseded generation stays readable for the grace period: instances that
+    // still check it finish with it. The one it superseded in turn is set to expire as
+    // well, in case the instance that flipped to it died before it could do so.
+    let grace = millis(upload.grace);
+    for pair in replaced.chunks_exact(2) {
+        let (old, shards) = (pair[0], pair[1]);
+        for shard in 0..shards {
+            redis::cmd("PEXPIRE")
+                .arg(keys.shard(old, shard))
+                .arg(grace)
+                .query_async::<()>(conn)
+                .await?;
+        }
     }
     Ok(())
 }

@@ -42,6 +42,7 @@ pub mod mariadb;
 pub mod observe;
 pub mod redis;
 pub mod tls;
+pub mod topology;
 
 #[allow(unused_imports)]
 pub use self::redis::{RedisOptions, TestRedis, redis_server};

@@ -16,6 +16,7 @@ pub mod key;
 pub mod metrics;
 pub mod notify;
 pub mod pattern;
+pub mod redis_conn;
 pub mod report;
 pub mod serving;
 pub mod watermark;

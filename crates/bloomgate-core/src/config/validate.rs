@@ -323,16 +323,52 @@ impl Config {
             }
             return;
         };
-        match f.redis_url.split_once("://") {
-            Some(("redis" | "rediss", rest)) if !rest.is_empty() => {
-                if redis::IntoConnectionInfo::into_connection_info(f.redis_url.as_str()).is_err() {
+        match super::RedisTarget::parse(&f.redis_url) {
+            Err(why) => p.add("fleet.redis_url", why),
+            Ok(super::RedisTarget::Single(url)) => {
+                if redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_err() {
                     p.add("fleet.redis_url", "is not a valid Redis URL");
                 }
             }
-            _ => p.add(
-                "fleet.redis_url",
-                "must be redis://host:port or rediss://host:port (TLS)",
-            ),
+            Ok(super::RedisTarget::Cluster(nodes)) => {
+                if nodes
+                    .iter()
+                    .any(|n| redis::IntoConnectionInfo::into_connection_info(n.as_str()).is_err())
+                {
+                    p.add(
+                        "fleet.redis_url",
+                        "names a node that is not a valid Redis address",
+                    );
+                }
+            }
+            Ok(super::RedisTarget::Sentinel { .. }) => {}
+        }
+        let tls = super::RedisTarget::parse(&f.redis_url).is_ok_and(|t| t.tls());
+        for (field, file) in [
+            ("fleet.tls_ca_file", &f.tls_ca_file),
+            ("fleet.tls_cert_file", &f.tls_cert_file),
+            ("fleet.tls_key_file", &f.tls_key_file),
+        ] {
+            if file.is_some() && !tls {
+                p.add(field, "applies to rediss:// only: the URL does not use TLS");
+            }
+        }
+        if f.tls_cert_file.is_some() != f.tls_key_file.is_some() {
+            p.add(
+                "fleet.tls_cert_file",
+                "and fleet.tls_key_file go together: give both or neither",
+            );
+        }
+        if f.sentinel_password.is_some()
+            && !matches!(
+                super::RedisTarget::parse(&f.redis_url),
+                Ok(super::RedisTarget::Sentinel { .. })
+            )
+        {
+            p.add(
+                "fleet.sentinel_password",
+                "applies to redis+sentinel:// only",
+            );
         }
         if !is_identifier(&f.namespace) || f.namespace.len() > 64 {
             p.add(

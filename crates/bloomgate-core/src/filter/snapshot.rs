@@ -313,11 +313,18 @@ pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
 /// The snapshot of `filter` in memory, in the same format as a file: for publishing it
 /// elsewhere than on a disk.
 pub fn encode(filter: &BloomFilter, watermark: Option<Watermark>) -> Vec<u8> {
+    encode_counted(filter, watermark).0
+}
+
+/// As [`encode`], with the item count the snapshot records: `filter.items()` as it was
+/// when the header was written, which a filter that takes admissions meanwhile no
+/// longer says afterwards.
+pub fn encode_counted(filter: &BloomFilter, watermark: Option<Watermark>) -> (Vec<u8>, u64) {
     let header = Header::of(filter, watermark, SystemTime::now());
     let mut out = Vec::with_capacity(HEADER_LEN + filter.word_count() * 8 + CHECKSUM_LEN);
     // Writing into a `Vec` cannot fail.
     let _ = write_contents(&mut out, &header, filter);
-    out
+    (out, header.items)
 }
 
 /// Verifies a snapshot held in memory (see [`encode`]) and rebuilds its filter, with the
