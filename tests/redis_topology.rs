@@ -330,3 +330,112 @@ async fn a_fleet_behind_sentinel_survives_the_failover_of_its_primary() {
     })
     .await;
 }
+
+/// The fleet's slot moved to another primary under reads and admissions (the keys
+/// moved a few at a time, so the instances meet `ASK` while the slot is half moved, then
+/// `MOVED`): no present key refused, every admission made meanwhile reaches the other
+/// instance, and a generation published after it is loaded by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_on_a_cluster_follows_its_slot_to_another_primary() {
+    let (Some(server), Some(redis_bin)) = (mysql_url(), redis_server()) else {
+        return;
+    };
+    let rows = 2_000;
+    let db = TestDb::create(&server, rows).await;
+    let cluster = TestCluster::start(&redis_bin).await;
+    let url = cluster.url();
+    let ns = "moving";
+    let mut proxies = Vec::new();
+    for id in ["a", "b"] {
+        proxies.push(Arc::new(
+            TestProxy::spawn(&config(&db, &url, ns, id, 2 * rows).toml()).await,
+        ));
+    }
+    for p in &proxies {
+        p.wait_ready(Duration::from_secs(60)).await;
+    }
+    let all: Vec<&TestProxy> = proxies.iter().map(|p| p.as_ref()).collect();
+    let (_, before) = one_builder(&all).await;
+    let from = cluster.primary_of("{moving}:epoch").await;
+    let to = (0..3).find(|&i| i != from).expect("another primary");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicU64::new(0));
+    let asked = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = proxies
+        .iter()
+        .map(|p| {
+            tokio::spawn(read_present(
+                Arc::clone(p),
+                rows,
+                Arc::clone(&stop),
+                Arc::clone(&refused),
+                Arc::clone(&asked),
+            ))
+        })
+        .collect();
+    // Admissions on `a` all through the move.
+    let admitted = {
+        let a = Arc::clone(&proxies[0]);
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            let mut keys = Vec::new();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let key = demo_absent_sku(rows + 100 + n);
+                n += 1;
+                let r = a
+                    .admin_post(
+                        "/admin/filters/products/keys",
+                        Some(TOKEN),
+                        &key.to_string(),
+                    )
+                    .await;
+                assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+                keys.push(key);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            keys
+        })
+    };
+    let moved = Instant::now();
+    cluster
+        .move_slot("{moving}:epoch", to, 2, Duration::from_millis(150))
+        .await;
+    assert_eq!(cluster.primary_of("{moving}:epoch").await, to);
+    eprintln!(
+        "moving: slot moved from node {from} to node {to} in {:?}",
+        moved.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let keys = admitted.await.expect("admissions");
+    for r in readers {
+        r.await.expect("reader");
+    }
+    assert!(keys.len() > 5, "{} admissions during the move", keys.len());
+    for key in &keys {
+        eventually(
+            "an admission made during the move served on b",
+            SETTLE,
+            || async { all[1].get(&format!("/api/products/{key}")).await.stage() != "intercepted" },
+        )
+        .await;
+    }
+    let (builder, after) = one_builder(&all).await;
+    let r = all[builder]
+        .admin_post("/admin/filters/products/rebuild", Some(TOKEN), "")
+        .await;
+    assert_eq!(r.status.as_u16(), 202, "{}", r.text());
+    let deadline = Instant::now() + SETTLE;
+    while one_builder(&all).await.1 <= after.max(before) {
+        assert!(Instant::now() < deadline, "no generation after the move");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        refused.load(Ordering::Relaxed),
+        0,
+        "present keys refused during the move (of {} reads)",
+        asked.load(Ordering::Relaxed)
+    );
+}

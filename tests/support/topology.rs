@@ -216,6 +216,79 @@ impl TestCluster {
         Err(nodes)
     }
 
+    /// Moves the slot of `key`, with its keys, from its primary to primary `to`, the
+    /// way `redis-cli --cluster reshard` does: the slot marked migrating and importing,
+    /// its keys sent `batch` at a time with `pause` between batches (while the slot is
+    /// half moved, clients are sent `ASK` for the keys already moved), then the slot
+    /// given to `to` on every primary (clients are sent `MOVED` from then on).
+    pub async fn move_slot(&self, key: &str, to: usize, batch: usize, pause: Duration) {
+        let from = self.primary_of(key).await;
+        assert_ne!(from, to, "the slot of {key} is on node {to} already");
+        let mut src = self.nodes[from].conn().await;
+        let mut dst = self.nodes[to].conn().await;
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut src)
+            .await
+            .expect("CLUSTER KEYSLOT");
+        let id = async |conn: &mut MultiplexedConnection| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async(conn)
+                .await
+                .expect("CLUSTER MYID")
+        };
+        let (src_id, dst_id) = (id(&mut src).await, id(&mut dst).await);
+        let setslot = async |conn: &mut MultiplexedConnection, state: &str, node: &str| {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(node)
+                .query_async(conn)
+                .await
+                .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {state}: {e}"));
+        };
+        setslot(&mut dst, "IMPORTING", &src_id).await;
+        setslot(&mut src, "MIGRATING", &dst_id).await;
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(batch)
+                .query_async(&mut src)
+                .await
+                .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let mut migrate = redis::cmd("MIGRATE");
+            migrate
+                .arg("127.0.0.1")
+                .arg(self.nodes[to].port())
+                .arg("")
+                .arg(0)
+                .arg(10_000);
+            if let Some(pw) = &self.password {
+                migrate.arg("AUTH").arg(pw);
+            }
+            migrate.arg("KEYS").arg(&keys);
+            let _: () = migrate
+                .query_async(&mut src)
+                .await
+                .unwrap_or_else(|e| panic!("MIGRATE {keys:?}: {e}"));
+            tokio::time::sleep(pause).await;
+        }
+        for i in 0..3 {
+            if let Ok(mut conn) = self.nodes[i].try_conn().await {
+                setslot(&mut conn, "NODE", &dst_id).await;
+            }
+        }
+        setslot(&mut dst, "NODE", &dst_id).await;
+        self.wait_healthy().await;
+    }
+
     /// SIGKILL of node `i`.
     pub fn kill(&mut self, i: usize) {
         self.nodes[i].kill();
