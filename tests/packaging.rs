@@ -649,7 +649,27 @@ fn compose_shares_one_build_gates_start_order_on_health_and_bounds_every_service
     let user = &users[1];
     assert_eq!(user[..2], ["bloomgate", "on"]);
     assert!(user[2].starts_with(">${REDIS_PASSWORD:?"), "{user:?}");
-    assert!(user.contains(&"resetkeys".to_owned()) && user.contains(&format!("~{namespace}:*")));
+    // The key patterns are the documented ones with the namespace in place of the
+    // default: the fleet's keys `{ns}:...`, the shards of a Redis-held filter `{ns:...`.
+    let patterns: BTreeSet<String> = user
+        .iter()
+        .filter(|w| w.starts_with('~'))
+        .cloned()
+        .collect();
+    let documented_patterns: BTreeSet<String> = read("docs/fleet.md")
+        .lines()
+        .find(|l| l.trim_start().starts_with("ACL SETUSER bloomgate"))
+        .expect("docs/fleet.md's ACL rule")
+        .split_whitespace()
+        .filter(|w| w.starts_with('~'))
+        .map(|w| w.replace("{bloomgate", &format!("{{{namespace}")))
+        .collect();
+    assert!(user.contains(&"resetkeys".to_owned()), "{user:?}");
+    assert_eq!(patterns, documented_patterns);
+    assert!(
+        patterns.contains(&format!("~{{{namespace}}}:*")),
+        "{patterns:?}"
+    );
     // The commands docs/fleet.md gives bloomgate's user, and PING for the health check.
     let fleet_doc = read("docs/fleet.md");
     let documented = fleet_doc
