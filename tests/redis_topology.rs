@@ -97,6 +97,92 @@ async fn read_present(
     }
 }
 
+/// Instances `ids` of a fleet in namespace `ns` at `url`, each ready (a filter loaded)
+/// within `limit`.
+async fn spawn_fleet(
+    db: &TestDb,
+    url: &str,
+    ns: &str,
+    ids: &[&str],
+    rows: u64,
+    limit: Duration,
+) -> Vec<Arc<TestProxy>> {
+    let mut proxies = Vec::new();
+    for id in ids {
+        proxies.push(Arc::new(
+            TestProxy::spawn(&config(db, url, ns, id, 2 * rows).toml()).await,
+        ));
+    }
+    for p in &proxies {
+        p.wait_ready(limit).await;
+    }
+    proxies
+}
+
+/// [`read_present`] on each of a fleet's instances, until [`Readers::finish`].
+struct Readers {
+    stop: Arc<AtomicBool>,
+    refused: Arc<AtomicU64>,
+    asked: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Readers {
+    fn start(proxies: &[Arc<TestProxy>], rows: u64) -> Readers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let refused = Arc::new(AtomicU64::new(0));
+        let asked = Arc::new(AtomicU64::new(0));
+        let tasks = proxies
+            .iter()
+            .map(|p| {
+                tokio::spawn(read_present(
+                    Arc::clone(p),
+                    rows,
+                    Arc::clone(&stop),
+                    Arc::clone(&refused),
+                    Arc::clone(&asked),
+                ))
+            })
+            .collect();
+        Readers {
+            stop,
+            refused,
+            asked,
+            tasks,
+        }
+    }
+
+    /// Stops the readers; returns how many present keys were refused, of how many asked.
+    async fn finish(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("reader");
+        }
+        (
+            self.refused.load(Ordering::Relaxed),
+            self.asked.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Asks the builder `all[builder]` for a rebuild and waits until every instance follows
+/// a generation numbered above `after`; returns it.
+async fn rebuild_loaded_everywhere(all: &[&TestProxy], builder: usize, after: u64) -> u64 {
+    let r = all[builder]
+        .admin_post("/admin/filters/products/rebuild", Some(TOKEN), "")
+        .await;
+    assert_eq!(r.status.as_u16(), 202, "{}", r.text());
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let (_, g) = one_builder(all).await;
+        if g > after {
+            return g;
+        }
+        assert!(Instant::now() < deadline, "no generation after {after}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The checks every topology passes: one scan, admissions everywhere, the copy in
 /// Redis answering, a primary killed under reads with no present key refused, one
 /// builder after it and a new generation loaded everywhere.
@@ -108,15 +194,15 @@ async fn a_fleet_survives_its_primary(
     conn: &mut (impl ConnectionLike + Send),
     kill_primary: impl AsyncFnOnce(),
 ) {
-    let mut proxies = Vec::new();
-    for id in ["a", "b", "c"] {
-        proxies.push(Arc::new(
-            TestProxy::spawn(&config(db, url, ns, id, 2 * rows).toml()).await,
-        ));
-    }
-    for p in &proxies {
-        p.wait_ready(Duration::from_secs(120)).await;
-    }
+    let proxies = spawn_fleet(
+        db,
+        url,
+        ns,
+        &["a", "b", "c"],
+        rows,
+        Duration::from_secs(120),
+    )
+    .await;
     let all: Vec<&TestProxy> = proxies.iter().map(|p| p.as_ref()).collect();
     // One scan: one instance built, the others loaded its generation.
     let loads = "bloomgate_filter_loads_total{filter=\"products\",result=\"ok\"}";
@@ -171,21 +257,7 @@ async fn a_fleet_survives_its_primary(
     }
 
     // The primary dies under reads on every instance.
-    let stop = Arc::new(AtomicBool::new(false));
-    let refused = Arc::new(AtomicU64::new(0));
-    let asked = Arc::new(AtomicU64::new(0));
-    let readers: Vec<_> = proxies
-        .iter()
-        .map(|p| {
-            tokio::spawn(read_present(
-                Arc::clone(p),
-                rows,
-                Arc::clone(&stop),
-                Arc::clone(&refused),
-                Arc::clone(&asked),
-            ))
-        })
-        .collect();
+    let readers = Readers::start(&proxies, rows);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let killed = Instant::now();
     kill_primary().await;
@@ -235,34 +307,17 @@ async fn a_fleet_survives_its_primary(
         killed.elapsed()
     );
     // Generations go on: a rebuild is published by the builder and loaded by all.
-    let r = all[builder]
-        .admin_post("/admin/filters/products/rebuild", Some(TOKEN), "")
-        .await;
-    assert_eq!(r.status.as_u16(), 202, "{}", r.text());
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let (b, g) = one_builder(&all).await;
-        if g > after {
-            eprintln!("{ns}: generation {g} from builder {b} loaded everywhere");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no generation after {after}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let g = rebuild_loaded_everywhere(&all, builder, after).await;
+    eprintln!("{ns}: generation {g} loaded everywhere");
     // The key admitted before the failover is still served everywhere.
     for p in &all {
         let r = p.get(&format!("/api/products/{new_key}")).await;
         assert_eq!(r.status.as_u16(), 200, "{new_key} after the failover");
     }
-    stop.store(true, Ordering::Relaxed);
-    for r in readers {
-        r.await.expect("reader");
-    }
-    let asked = asked.load(Ordering::Relaxed);
+    let (refused, asked) = readers.finish().await;
     assert!(asked > 100, "only {asked} reads during the failover");
     assert_eq!(
-        refused.load(Ordering::Relaxed),
-        0,
+        refused, 0,
         "present keys refused during the failover (of {asked} reads)"
     );
 }
@@ -345,39 +400,17 @@ async fn a_fleet_on_a_cluster_follows_its_slot_to_another_primary() {
     let cluster = TestCluster::start(&redis_bin).await;
     let url = cluster.url();
     let ns = "moving";
-    let mut proxies = Vec::new();
-    for id in ["a", "b"] {
-        proxies.push(Arc::new(
-            TestProxy::spawn(&config(&db, &url, ns, id, 2 * rows).toml()).await,
-        ));
-    }
-    for p in &proxies {
-        p.wait_ready(Duration::from_secs(60)).await;
-    }
+    let proxies = spawn_fleet(&db, &url, ns, &["a", "b"], rows, Duration::from_secs(60)).await;
     let all: Vec<&TestProxy> = proxies.iter().map(|p| p.as_ref()).collect();
     let (_, before) = one_builder(&all).await;
     let from = cluster.primary_of("{moving}:epoch").await;
     let to = (0..3).find(|&i| i != from).expect("another primary");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let refused = Arc::new(AtomicU64::new(0));
-    let asked = Arc::new(AtomicU64::new(0));
-    let readers: Vec<_> = proxies
-        .iter()
-        .map(|p| {
-            tokio::spawn(read_present(
-                Arc::clone(p),
-                rows,
-                Arc::clone(&stop),
-                Arc::clone(&refused),
-                Arc::clone(&asked),
-            ))
-        })
-        .collect();
+    let readers = Readers::start(&proxies, rows);
     // Admissions on `a` all through the move.
     let admitted = {
         let a = Arc::clone(&proxies[0]);
-        let stop = Arc::clone(&stop);
+        let stop = Arc::clone(&readers.stop);
         tokio::spawn(async move {
             let mut keys = Vec::new();
             let mut n = 0;
@@ -408,11 +441,8 @@ async fn a_fleet_on_a_cluster_follows_its_slot_to_another_primary() {
         moved.elapsed()
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
+    let (refused, asked) = readers.finish().await;
     let keys = admitted.await.expect("admissions");
-    for r in readers {
-        r.await.expect("reader");
-    }
     assert!(keys.len() > 5, "{} admissions during the move", keys.len());
     for key in &keys {
         eventually(
@@ -423,19 +453,9 @@ async fn a_fleet_on_a_cluster_follows_its_slot_to_another_primary() {
         .await;
     }
     let (builder, after) = one_builder(&all).await;
-    let r = all[builder]
-        .admin_post("/admin/filters/products/rebuild", Some(TOKEN), "")
-        .await;
-    assert_eq!(r.status.as_u16(), 202, "{}", r.text());
-    let deadline = Instant::now() + SETTLE;
-    while one_builder(&all).await.1 <= after.max(before) {
-        assert!(Instant::now() < deadline, "no generation after the move");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    rebuild_loaded_everywhere(&all, builder, after.max(before)).await;
     assert_eq!(
-        refused.load(Ordering::Relaxed),
-        0,
-        "present keys refused during the move (of {} reads)",
-        asked.load(Ordering::Relaxed)
+        refused, 0,
+        "present keys refused during the move (of {asked} reads)"
     );
 }

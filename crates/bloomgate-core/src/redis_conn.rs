@@ -243,16 +243,21 @@ impl<S: Connector> Lazy<S::Conn, S> {
 
     /// The connection, made now if there is none.
     async fn get(&self) -> Result<S::Conn, RedisError> {
-        if let Some(conn) = self.conn.load_full() {
-            return Ok((*conn).clone());
+        if let Some(conn) = self.current() {
+            return Ok(conn);
         }
         let _one = self.connecting.lock().await;
-        if let Some(conn) = self.conn.load_full() {
-            return Ok((*conn).clone());
+        if let Some(conn) = self.current() {
+            return Ok(conn);
         }
         let conn = self.source.connect().await?;
         self.conn.store(Some(Arc::new(conn.clone())));
         Ok(conn)
+    }
+
+    /// A clone of the connection there is, read without touching the `Arc`'s count.
+    fn current(&self) -> Option<S::Conn> {
+        self.conn.load().as_deref().cloned()
     }
 
     /// Drops the connection if `error` says it no longer leads to a usable primary.

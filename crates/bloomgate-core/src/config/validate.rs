@@ -323,7 +323,8 @@ impl Config {
             }
             return;
         };
-        match super::RedisTarget::parse(&f.redis_url) {
+        let target = super::RedisTarget::parse(&f.redis_url);
+        match &target {
             Err(why) => p.add("fleet.redis_url", why),
             Ok(super::RedisTarget::Single(url)) => {
                 if redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_err() {
@@ -343,7 +344,7 @@ impl Config {
             }
             Ok(super::RedisTarget::Sentinel { .. }) => {}
         }
-        let tls = super::RedisTarget::parse(&f.redis_url).is_ok_and(|t| t.tls());
+        let tls = target.as_ref().is_ok_and(super::RedisTarget::tls);
         for (field, file) in [
             ("fleet.tls_ca_file", &f.tls_ca_file),
             ("fleet.tls_cert_file", &f.tls_cert_file),
@@ -360,10 +361,7 @@ impl Config {
             );
         }
         if f.sentinel_password.is_some()
-            && !matches!(
-                super::RedisTarget::parse(&f.redis_url),
-                Ok(super::RedisTarget::Sentinel { .. })
-            )
+            && !matches!(target, Ok(super::RedisTarget::Sentinel { .. }))
         {
             p.add(
                 "fleet.sentinel_password",
