@@ -113,6 +113,8 @@ pub struct Fleet {
     config: FleetConfig,
     instance: Arc<str>,
     keys: Keys,
+    /// `single`, `sentinel` or `cluster`, as `fleet.redis_url` says.
+    redis_kind: &'static str,
     /// Commands (leases, generations, appends).
     conn: RedisConn,
     /// Blocking stream reads only.
@@ -212,6 +214,8 @@ impl Fleet {
         metrics.set_redis_up(false);
         Ok(Fleet {
             keys: Keys::new(&config.namespace),
+            redis_kind: bloomgate_core::config::RedisTarget::parse(&config.redis_url)
+                .map_or("single", |t| t.kind()),
             config,
             instance,
             conn,
@@ -364,8 +368,7 @@ impl Fleet {
             "namespace": self.config.namespace,
             "redis": {
                 "url": redacted(&self.config.redis_url),
-                "kind": bloomgate_core::config::RedisTarget::parse(&self.config.redis_url)
-                    .map_or("single", |t| t.kind()),
+                "kind": self.redis_kind,
                 "up": self.redis_up(),
                 "epoch": lock(&self.token).clone(),
                 "resets_seen": self.resets.load(Ordering::Relaxed),
