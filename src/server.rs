@@ -50,6 +50,18 @@ pub trait Handler: Send + Sync + 'static {
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> impl Future<Output = Response<Self::Body>> + Send;
+
+    /// The answer to a request that needs no waiting, if this handler has one; asked
+    /// before [`Handler::call`], which answers when this does not. An answer made here
+    /// costs the connection no future (see `connection::service`).
+    fn answer_now(
+        &self,
+        req: &Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Option<Response<Self::Body>> {
+        let _ = (req, peer);
+        None
+    }
 }
 
 /// Settings of one listener.

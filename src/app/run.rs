@@ -37,6 +37,14 @@ impl Handler for DataPlane {
     ) -> impl Future<Output = http::Response<ProxyBody>> + Send {
         self.0.handle(req, peer)
     }
+
+    fn answer_now(
+        &self,
+        req: &http::Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Option<http::Response<ProxyBody>> {
+        self.0.answer_now(req, peer)
+    }
 }
 
 impl App {

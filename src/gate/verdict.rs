@@ -20,4 +20,14 @@ impl Filter {
             _ => local,
         }
     }
+
+    /// [`Filter::verdict`] when it needs no waiting: the local copy's verdict, unless the
+    /// filter is held in Redis and Redis would be asked (`None`).
+    pub fn verdict_now(&self, key: &[u8]) -> Option<Verdict> {
+        let local = self.check(key);
+        if local != Verdict::MaybePresent && self.held().is_some() {
+            return None;
+        }
+        Some(local)
+    }
 }

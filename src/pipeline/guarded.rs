@@ -56,24 +56,34 @@ impl Pipeline {
         show: bool,
     ) -> (Response<ProxyBody>, Outcome) {
         let started = Instant::now();
-        let Answer {
-            served,
-            counted,
-            mut response,
-        } = match self.decide(route, segment, req).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                e.log(&route.label);
-                Answer::by(Outcome::Error, error_response(e))
+        let decided = self.decide(route, segment, req).await;
+        finish(route, started, decided, show)
+    }
+
+    /// [`Pipeline::guarded`] for a request that needs no waiting: one the gate refuses
+    /// (or whose key is malformed), answered with what `guarded` would answer; `None`
+    /// for every other request, which goes through `guarded`.
+    pub(super) fn guarded_now(
+        &self,
+        route: &GuardedRoute,
+        segment: &str,
+        req: &GuardedRequest<'_>,
+        started: Instant,
+        show: impl FnOnce() -> bool,
+    ) -> Option<(Response<ProxyBody>, Outcome)> {
+        let decided = match key_of(route, segment, req) {
+            Ok((key, _)) => {
+                let verdict = match route.mode {
+                    RouteMode::Off => return None,
+                    RouteMode::Enforce | RouteMode::Shadow => {
+                        route.filter.verdict_now(KeyBytes::new().of(&key))?
+                    }
+                };
+                Ok(self.refusal(route, verdict, &key)?)
             }
+            Err(e) => Err(e),
         };
-        route.metrics.observe(counted, started.elapsed());
-        if show {
-            response
-                .headers_mut()
-                .insert(X_BLOOMGATE, HeaderValue::from_static(served.header_value()));
-        }
-        (response, served)
+        Some(finish(route, started, decided, show()))
     }
 
     /// The pipeline for one guarded request: the stage that answered, the outcome to
@@ -85,31 +95,20 @@ impl Pipeline {
         segment: &str,
         req: &GuardedRequest<'_>,
     ) -> Result<Answer, ProxyError> {
-        let query = route.query.read(req.uri.query())?;
-        let raw = match route.pattern.key_source() {
-            KeySource::Segment(_) => route.pattern.segment_key(segment)?,
-            // The name comes from the config, never from the request.
-            KeySource::Query(name) => query.key.ok_or_else(|| KeyError::Missing(name.clone()))?,
-        };
-        let key = normalize(&route.normalize, raw)?;
-
+        let (key, forwarded) = key_of(route, segment, req)?;
         let mut bytes = KeyBytes::new();
         let verdict = match route.mode {
             RouteMode::Off => Verdict::MaybePresent,
             RouteMode::Enforce | RouteMode::Shadow => route.filter.verdict(bytes.of(&key)).await,
         };
-        let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
-        if verdict == Verdict::Absent && !shadow_absent {
-            if let Some(audit) = &self.audit {
-                audit.offer(|| Sample::refused(&route.label, &route.origin, &route.filter, &key));
-            }
-            // Short-circuit: the key is certainly absent; no cache, no origin.
-            return Ok(Answer::by(Outcome::Intercepted, not_found()));
+        if let Some(refused) = self.refusal(route, verdict, &key) {
+            return Ok(refused);
         }
+        let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
         let cache_key = CacheKey {
             route: route.id,
             key: key.to_owned_key(),
-            variant: variant(query.forwarded, route.origin.forward_headers(), req.headers),
+            variant: variant(forwarded, route.origin.forward_headers(), req.headers),
         };
         let request = Guarded {
             pipeline: self,
@@ -125,6 +124,60 @@ impl Pipeline {
         };
         request.look_up(cache_key).await
     }
+
+    /// The gate's answer when `verdict` refuses `key` on `route`: certainly absent, and
+    /// not a shadow route's.
+    fn refusal(&self, route: &GuardedRoute, verdict: Verdict, key: &NormKey<'_>) -> Option<Answer> {
+        if verdict != Verdict::Absent || route.mode == RouteMode::Shadow {
+            return None;
+        }
+        if let Some(audit) = &self.audit {
+            audit.offer(|| Sample::refused(&route.label, &route.origin, &route.filter, key));
+        }
+        // Short-circuit: the key is certainly absent; no cache, no origin.
+        Some(Answer::by(Outcome::Intercepted, not_found()))
+    }
+}
+
+/// The key of a request on `route` (from its key `segment` or its query), normalised,
+/// and what else of the query the route forwards.
+fn key_of<'r>(
+    route: &GuardedRoute,
+    segment: &'r str,
+    req: &GuardedRequest<'r>,
+) -> Result<(NormKey<'r>, Option<String>), ProxyError> {
+    let query = route.query.read(req.uri.query())?;
+    let raw = match route.pattern.key_source() {
+        KeySource::Segment(_) => route.pattern.segment_key(segment)?,
+        // The name comes from the config, never from the request.
+        KeySource::Query(name) => query.key.ok_or_else(|| KeyError::Missing(name.clone()))?,
+    };
+    Ok((normalize(&route.normalize, raw)?, query.forwarded))
+}
+
+/// Counts what the pipeline did with a request that started at `started` on `route`,
+/// and makes its response (telling the client which stage answered when `show`).
+fn finish(
+    route: &GuardedRoute,
+    started: Instant,
+    decided: Result<Answer, ProxyError>,
+    show: bool,
+) -> (Response<ProxyBody>, Outcome) {
+    let Answer {
+        served,
+        counted,
+        mut response,
+    } = decided.unwrap_or_else(|e| {
+        e.log(&route.label);
+        Answer::by(Outcome::Error, error_response(e))
+    });
+    route.metrics.observe(counted, started.elapsed());
+    if show {
+        response
+            .headers_mut()
+            .insert(X_BLOOMGATE, HeaderValue::from_static(served.header_value()));
+    }
+    (response, served)
 }
 
 /// One guarded request the gate let through, on its way through the cache and the

@@ -101,6 +101,16 @@ impl Proxy {
         pipeline.handle(req, peer).await
     }
 
+    /// See [`Pipeline::answer_now`]. The pipeline in force is read without a reference
+    /// count, and released before this returns.
+    pub fn answer_now(
+        &self,
+        req: &Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Option<Response<ProxyBody>> {
+        self.current.load().answer_now(req, peer)
+    }
+
     /// See [`Pipeline::answer_guarded`].
     pub async fn answer_guarded(&self, uri: &Uri) -> Option<Response<ProxyBody>> {
         let pipeline = self.current.load();
@@ -187,6 +197,60 @@ impl Pipeline {
         }
     }
 
+    /// The answer to a request that needs no waiting, made and counted (and logged) as
+    /// [`Pipeline::handle`] would: a key the gate refuses, a malformed key, a spelling
+    /// of a guarded path that cannot be gated. `None` for any other request, which then
+    /// goes to `handle`.
+    ///
+    /// The data plane asks this first, from the request as it was read: an answer made
+    /// here costs no future at all, where `handle`'s is moved whole and polled through
+    /// every level of the pipeline (docs/BENCHMARKS.md).
+    pub fn answer_now(
+        &self,
+        req: &Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Option<Response<ProxyBody>> {
+        if !matches!(*req.method(), Method::GET | Method::HEAD) {
+            return None;
+        }
+        let started = Instant::now();
+        let mut client = None;
+        let (resp, outcome, route) = match self.route(req.uri().path()) {
+            Routing::Guarded(route, path, key) => {
+                let view = GuardedRequest {
+                    uri: req.uri(),
+                    headers: req.headers(),
+                    peer: peer.ip(),
+                    client: None,
+                };
+                let show = || self.shows_outcome(peer.ip(), req.headers(), &mut client);
+                let (resp, served) = self.guarded_now(route, &path[key], &view, started, show)?;
+                (resp, served.header_value(), &route.label)
+            }
+            Routing::Refused(route, e) => {
+                let show = self.shows_outcome(peer.ip(), req.headers(), &mut client);
+                let resp = self.refused(route, e, show);
+                (resp, Outcome::Error.header_value(), &route.label)
+            }
+            Routing::Pass => return None,
+        };
+        if let Some(log) = &self.edge.access_log
+            && log.sampled()
+        {
+            let request = Logged {
+                started,
+                client: client.unwrap_or_else(|| self.client(peer.ip(), req.headers())),
+                method: req.method(),
+                target: req
+                    .uri()
+                    .path_and_query()
+                    .map_or(req.uri().path(), |p| p.as_str()),
+            };
+            request.record(log, &resp, outcome, Some(route));
+        }
+        Some(resp)
+    }
+
     /// [`Pipeline::handle`], with a line in the access log.
     async fn handle_logged(
         &self,
@@ -202,17 +266,13 @@ impl Pipeline {
             .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
         let client = self.client(peer.ip(), req.headers());
         let (resp, outcome, route) = self.serve(req, peer, Some(client)).await;
-        log.record(&access_log::Entry {
-            time: access_log::now(),
+        let request = Logged {
+            started,
             client,
-            method: method.as_str(),
-            path: &target,
-            status: resp.status().as_u16(),
-            outcome,
-            route: route.unwrap_or("-"),
-            bytes: http_body::Body::size_hint(resp.body()).exact(),
-            duration_ms: access_log::millis(started.elapsed()),
-        });
+            method: &method,
+            target: &target,
+        };
+        request.record(log, &resp, outcome, route);
         resp
     }
 
@@ -334,5 +394,37 @@ impl Pipeline {
     /// The response cache, for metrics and the admin plane.
     pub fn cache(&self) -> &ResponseCache {
         &self.cache
+    }
+}
+
+/// What the access log says of a request besides its answer.
+struct Logged<'r> {
+    started: Instant,
+    client: IpAddr,
+    method: &'r Method,
+    /// The request target as sent (path and query).
+    target: &'r str,
+}
+
+impl Logged<'_> {
+    /// Records the request, answered with `resp` by `outcome` on `route`.
+    fn record(
+        &self,
+        log: &AccessLog,
+        resp: &Response<ProxyBody>,
+        outcome: &str,
+        route: Option<&str>,
+    ) {
+        log.record(&access_log::Entry {
+            time: access_log::now(),
+            client: self.client,
+            method: self.method.as_str(),
+            path: self.target,
+            status: resp.status().as_u16(),
+            outcome,
+            route: route.unwrap_or("-"),
+            bytes: http_body::Body::size_hint(resp.body()).exact(),
+            duration_ms: access_log::millis(self.started.elapsed()),
+        });
     }
 }

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future;
 use http::{Request, Response};
 use http_body_util::Either;
 use hyper::body::Incoming;
@@ -294,8 +295,13 @@ impl Drop for InFlight {
 }
 
 /// The service of one connection: the target-length limit, then the handler, with
-/// `info` in the request's extensions. With `in_flight`, each request is counted there
-/// until its response head is ready.
+/// `info` in the request's extensions. With `in_flight`, each request that waits is
+/// counted there until its response head is ready.
+///
+/// What the handler answers at once ([`Handler::answer_now`]) is returned as a ready
+/// future of a response: hyper moves each request's future into its slot, and the
+/// handler's future for a request that waits is thousands of bytes, so it is boxed and
+/// the slot holds a pointer.
 fn service<H: Handler>(
     shared: Arc<Listener<H>>,
     peer: SocketAddr,
@@ -309,19 +315,22 @@ fn service<H: Handler>(
 > + Send
 + 'static {
     service_fn(move |mut req: Request<Incoming>| {
+        // Short-circuit: an over-long target never reaches routing.
+        let now =
+            refuse_long_target(&req, shared.options.max_uri_bytes, shared.name).or_else(|| {
+                let answered = shared.handler.answer_now(&req, peer)?;
+                Some(answered.map(Either::Right))
+            });
+        if let Some(answered) = now {
+            return future::Either::Left(std::future::ready(Ok::<_, Infallible>(answered)));
+        }
         let shared = Arc::clone(&shared);
         let counted = in_flight.as_ref().map(InFlight::start);
-        async move {
+        req.extensions_mut().insert(info);
+        future::Either::Right(Box::pin(async move {
             let _counted = counted;
-            // Short-circuit: an over-long target never reaches routing.
-            if let Some(refused) =
-                refuse_long_target(&req, shared.options.max_uri_bytes, shared.name)
-            {
-                return Ok::<_, Infallible>(refused);
-            }
-            req.extensions_mut().insert(info);
             Ok(shared.handler.call(req, peer).await.map(Either::Right))
-        }
+        }))
     })
 }
 
