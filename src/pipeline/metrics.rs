@@ -8,12 +8,14 @@ use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec
 
 use crate::pipeline::outcome::Outcome;
 use bloomgate_core::metrics::family;
+use bloomgate_core::metrics::timed::{Timed, TimedVec};
 
 /// The route families, registered together.
 #[derive(Clone)]
 pub struct RouteFamilies {
-    requests: IntCounterVec,
-    request_duration: HistogramVec,
+    /// `bloomgate_requests_total` and `bloomgate_request_duration_seconds`: every
+    /// guarded request is counted and timed once, on its serving thread's cells.
+    requests: TimedVec,
     origin_duration: HistogramVec,
     false_negatives: IntCounterVec,
     origin_errors: IntCounterVec,
@@ -24,16 +26,16 @@ impl RouteFamilies {
     /// Creates the families and registers them on `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         Ok(RouteFamilies {
-            requests: family(
+            requests: TimedVec::register(
                 registry,
-                "bloomgate_requests_total",
-                "Requests on guarded routes, by route and outcome.",
-                &["route", "outcome"],
-            )?,
-            request_duration: family(
-                registry,
-                "bloomgate_request_duration_seconds",
-                "Time to answer a guarded request, by route and outcome.",
+                (
+                    "bloomgate_requests_total",
+                    "Requests on guarded routes, by route and outcome.",
+                ),
+                (
+                    "bloomgate_request_duration_seconds",
+                    "Time to answer a guarded request, by route and outcome.",
+                ),
                 &["route", "outcome"],
             )?,
             origin_duration: family(
@@ -75,13 +77,6 @@ impl RouteFamilies {
                 .iter()
                 .map(|o| self.requests.with_label_values(&[route, o.as_str()]))
                 .collect(),
-            durations: Outcome::ALL
-                .iter()
-                .map(|o| {
-                    self.request_duration
-                        .with_label_values(&[route, o.as_str()])
-                })
-                .collect(),
             origin: self.origin_duration.with_label_values(&[route]),
             origin_errors: self.origin_errors.with_label_values(&[route]),
             false_negatives: self.false_negatives.with_label_values(&[route]),
@@ -92,8 +87,7 @@ impl RouteFamilies {
 /// Label handles for one route, resolved once.
 #[derive(Clone)]
 pub struct RouteMetrics {
-    requests: Vec<IntCounter>,
-    durations: Vec<Histogram>,
+    requests: Vec<Timed>,
     origin: Histogram,
     origin_errors: IntCounter,
     false_negatives: IntCounter,
@@ -102,8 +96,7 @@ pub struct RouteMetrics {
 impl RouteMetrics {
     /// Counts a finished request and its latency.
     pub fn observe(&self, outcome: Outcome, elapsed: Duration) {
-        self.requests[outcome.index()].inc();
-        self.durations[outcome.index()].observe(elapsed.as_secs_f64());
+        self.requests[outcome.index()].observe(elapsed);
     }
 
     /// Records the duration of one origin call.

@@ -13,11 +13,39 @@ use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
-/// Histogram buckets for request latency: from 50 µs (an intercepted request) to 10 s.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0,
+pub mod timed;
+
+/// Upper bounds of the request latency buckets, in nanoseconds: from 50 µs (an
+/// intercepted request) to 10 s.
+const LATENCY_BOUNDS_NS: [u64; 17] = [
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
 ];
+
+/// The latency buckets in seconds, as histograms show them (each the double nearest to
+/// its bound: an integer division is correctly rounded).
+fn latency_buckets() -> Vec<f64> {
+    #[allow(clippy::cast_precision_loss)]
+    LATENCY_BOUNDS_NS
+        .iter()
+        .map(|ns| *ns as f64 / 1e9)
+        .collect()
+}
 
 /// A metric family that can be made from a name, a help text and label names.
 pub trait Family: Collector + Clone + Sized + 'static {
@@ -47,7 +75,7 @@ impl Family for GaugeVec {
 impl Family for HistogramVec {
     fn make(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<Self> {
         HistogramVec::new(
-            HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new(name, help).buckets(latency_buckets()),
             labels,
         )
     }
