@@ -250,6 +250,19 @@ impl PathPattern {
     /// A segment that an upstream could read as something else than the key (`;`
     /// parameters, an escaped `/` or `\`, NUL, a `.suffix` unless allowed) is refused.
     pub fn segment_key<'r>(&self, segment: &'r str) -> Result<Cow<'r, str>, KeyError> {
+        // The common spelling: nothing escaped and nothing to refuse, read in one pass.
+        let dot = self.options.key_allows_dot;
+        if segment.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') || (dot && b == b'.')
+        }) {
+            return Ok(Cow::Borrowed(segment));
+        }
+        self.decode_segment(segment)
+    }
+
+    /// [`PathPattern::segment_key`] for any spelling: escapes decoded, then refused if
+    /// they spell a separator, a parameter, NUL or (unless allowed) a dot.
+    fn decode_segment<'r>(&self, segment: &'r str) -> Result<Cow<'r, str>, KeyError> {
         if segment.contains(';') {
             return Err(KeyError::NotCanonical);
         }
@@ -373,6 +386,7 @@ impl QueryRules {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn seg(p: &str) -> PathPattern {
         PathPattern::parse(p, &KeySource::Segment("id".into()), MatchOptions::default())
@@ -570,5 +584,23 @@ mod tests {
             PathPattern::parse_write("api/products", &header).expect_err("relative"),
             PatternError::NotAbsolute
         );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// The one-pass reading of a plain key segment gives what decoding it gives, with
+        /// and without dots allowed, for every spelling (escapes, separators, NUL, UTF-8).
+        #[test]
+        fn plain_segments_read_as_decoded(
+            segment in "([a-zA-Z0-9._~;/\\\\-]|%[0-9a-fA-F]{2}|%|\\x00|é){0,16}",
+            dot in any::<bool>(),
+        ) {
+            let mut options = MatchOptions::default();
+            options.key_allows_dot = dot;
+            let p = PathPattern::parse("/p/{id}", &KeySource::Segment("id".into()), options)
+                .expect("valid");
+            prop_assert_eq!(p.segment_key(&segment), p.decode_segment(&segment));
+        }
     }
 }
