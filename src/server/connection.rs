@@ -9,9 +9,12 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use futures_util::future;
+use futures_util::task::AtomicWaker;
 use http::{Request, Response};
 use http_body_util::Either;
 use hyper::body::Incoming;
@@ -244,9 +247,31 @@ async fn drive<C>(
             }
         }
     };
-    let ended = tokio::select! {
-        ended = conn.as_mut() => ended,
-        _ = closing => {
+    tokio::pin!(closing);
+    // `closing` is polled only when it has been woken, not each time the connection is:
+    // polling the shutdown watch takes its lock, which every connection of every
+    // serving thread shares (docs/BENCHMARKS.md: 3% of a refusal's CPU).
+    let flag = Arc::new(WakeFlag {
+        woken: AtomicBool::new(true),
+        task: AtomicWaker::new(),
+    });
+    let closing_waker = Waker::from(Arc::clone(&flag));
+    let first = std::future::poll_fn(|cx| {
+        flag.task.register(cx.waker());
+        if flag.woken.swap(false, Ordering::AcqRel)
+            && closing
+                .as_mut()
+                .poll(&mut Context::from_waker(&closing_waker))
+                .is_ready()
+        {
+            return Poll::Ready(None);
+        }
+        conn.as_mut().poll(cx).map(Some)
+    })
+    .await;
+    let ended = match first {
+        Some(ended) => ended,
+        None => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -254,6 +279,24 @@ async fn drive<C>(
     if let Err(e) = ended {
         let e = e.into();
         tracing::debug!(listener = name, %peer, error = %Chain(&*e), "connection ended with an error");
+    }
+}
+
+/// The waker `drive` polls its closing signal with: it marks the signal woken and wakes
+/// the connection's task.
+struct WakeFlag {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Wake for WakeFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
     }
 }
 
