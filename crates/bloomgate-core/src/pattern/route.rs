@@ -596,8 +596,7 @@ mod tests {
             segment in "([a-zA-Z0-9._~;/\\\\-]|%[0-9a-fA-F]{2}|%|\\x00|é){0,16}",
             dot in any::<bool>(),
         ) {
-            let mut options = MatchOptions::default();
-            options.key_allows_dot = dot;
+            let options = MatchOptions { key_allows_dot: dot, ..MatchOptions::default() };
             let p = PathPattern::parse("/p/{id}", &KeySource::Segment("id".into()), options)
                 .expect("valid");
             prop_assert_eq!(p.segment_key(&segment), p.decode_segment(&segment));
