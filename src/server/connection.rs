@@ -1,9 +1,9 @@
 //! One accepted connection, from its TLS handshake or protocol detection to its end:
 //! what every connection of a listener shares ([`Listener`]: the handler, the HTTP/1.1
 //! and HTTP/2 builders with their head limits and timeouts), the hand-off to HTTP/1.1 or
-//! HTTP/2 (ALPN on TLS, the preface in cleartext), the service that puts a
-//! [`ConnectionInfo`] in each request, and the watch that closes the connection
-//! gracefully on shutdown or when it sits idle. Accepting and the bound on open
+//! HTTP/2 (ALPN on TLS, the preface in cleartext), the service that answers at once what
+//! needs no waiting and puts a [`ConnectionInfo`] in each request that waits, and the
+//! watch that closes the connection gracefully on shutdown or when it sits idle. Accepting and the bound on open
 //! connections are the parent's.
 
 use std::convert::Infallible;
