@@ -237,14 +237,7 @@ async fn a_fleet_survives_its_primary(
     // An admission on one instance reaches the others.
     let new_key = demo_absent_sku(rows + 11);
     db.insert_product(new_key).await;
-    let r = all[0]
-        .admin_post(
-            "/admin/filters/products/keys",
-            Some(TOKEN),
-            &new_key.to_string(),
-        )
-        .await;
-    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    all[0].admit("products", TOKEN, &new_key.to_string()).await;
     for p in &all[1..] {
         eventually("the admitted key served", SETTLE, || async {
             p.get(&format!("/api/products/{new_key}"))
@@ -273,14 +266,7 @@ async fn a_fleet_survives_its_primary(
         if all[1].get(&path).await.stage() != "intercepted" {
             continue;
         }
-        let r = all[0]
-            .admin_post(
-                "/admin/filters/products/keys",
-                Some(TOKEN),
-                &key.to_string(),
-            )
-            .await;
-        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        all[0].admit("products", TOKEN, &key.to_string()).await;
         let sent = Instant::now();
         let mut reached = false;
         while sent.elapsed() < Duration::from_millis(500) {
@@ -417,14 +403,7 @@ async fn a_fleet_on_a_cluster_follows_its_slot_to_another_primary() {
             while !stop.load(Ordering::Relaxed) {
                 let key = demo_absent_sku(rows + 100 + n);
                 n += 1;
-                let r = a
-                    .admin_post(
-                        "/admin/filters/products/keys",
-                        Some(TOKEN),
-                        &key.to_string(),
-                    )
-                    .await;
-                assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+                a.admit("products", TOKEN, &key.to_string()).await;
                 keys.push(key);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }

@@ -577,6 +577,15 @@ impl TestProxy {
             .await
     }
 
+    /// Admits `key` to `filter` through the admin API with `token`; the admission must
+    /// be accepted.
+    pub async fn admit(&self, filter: &str, token: &str, key: &str) {
+        let r = self
+            .admin_post(&format!("/admin/filters/{filter}/keys"), Some(token), key)
+            .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+
     /// The value of one series in `/metrics`, spelled as exported (labels in name order),
     /// e.g. `bloomgate_requests_total{outcome="intercepted",route="r"}`. Fails the test if
     /// the series is absent, naming the series of its family that are there: a renamed

@@ -176,12 +176,7 @@ impl TestCluster {
     async fn serving(&self, key: &str) -> Result<usize, String> {
         let live = self.live().next().expect("a live node");
         let mut conn = self.nodes[live].conn().await;
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .expect("CLUSTER KEYSLOT");
+        let slot = keyslot(&mut conn, key).await;
         let nodes: String = redis::cmd("CLUSTER")
             .arg("NODES")
             .query_async(&mut conn)
@@ -226,12 +221,7 @@ impl TestCluster {
         assert_ne!(from, to, "the slot of {key} is on node {to} already");
         let mut src = self.nodes[from].conn().await;
         let mut dst = self.nodes[to].conn().await;
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(&mut src)
-            .await
-            .expect("CLUSTER KEYSLOT");
+        let slot = keyslot(&mut src, key).await;
         let id = async |conn: &mut MultiplexedConnection| -> String {
             redis::cmd("CLUSTER")
                 .arg("MYID")
@@ -546,4 +536,14 @@ impl Backing {
             Backing::Cluster(c) => c.restart_empty().await,
         }
     }
+}
+
+/// The slot of `key`, as the node behind `conn` computes it.
+async fn keyslot(conn: &mut MultiplexedConnection, key: &str) -> u16 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("CLUSTER KEYSLOT")
 }
