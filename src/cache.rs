@@ -153,6 +153,19 @@ impl ResponseCache {
         Lookup::Miss
     }
 
+    /// [`ResponseCache::lookup`] when it needs no waiting: `None` when moka's lookup
+    /// would wait (another thread holds its maintenance lock), and the caller awaits
+    /// `lookup` instead. Nearly every lookup is ready at once; a lookup dropped
+    /// unfinished is one moka expects (it retries what was interrupted on the next).
+    pub fn lookup_now(&self, key: &CacheKey) -> Option<Lookup> {
+        let lookup = std::pin::pin!(self.lookup(key));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match lookup.poll(&mut cx) {
+            std::task::Poll::Ready(found) => Some(found),
+            std::task::Poll::Pending => None,
+        }
+    }
+
     /// Approximate entry counts: (positive, negative).
     pub fn entry_counts(&self) -> (u64, u64) {
         (self.positive.entry_count(), self.negative.entry_count())

@@ -150,3 +150,89 @@ fn a_key_has_one_background_refresh_at_a_time() {
     drop(first);
     assert!(cache.claim_refresh(&key(4)).is_some());
 }
+
+/// A found answer that lives `ttl` and may be served stale for a minute past it.
+fn found(ttl: Duration) -> Result<Fetched, OriginError> {
+    let meta = crate::origin::ResponseMeta {
+        ttl: Some(ttl),
+        stale: bloomgate_core::config::StaleWindows {
+            while_revalidate: Duration::from_secs(60),
+            if_error: Duration::from_secs(60),
+        },
+        ..Default::default()
+    };
+    Ok(Fetched::Found(CachedResponse {
+        body: bytes::Bytes::from_static(b"{}"),
+        stored_at: crate::origin::Stamp::now(),
+        meta: Arc::new(meta),
+        status: http::StatusCode::OK,
+        with_credentials: false,
+    }))
+}
+
+/// What kind of answer a lookup is.
+fn kind(found: &Lookup) -> &'static str {
+    match found {
+        Lookup::Hit(_) => "hit",
+        Lookup::Stale(_) => "stale",
+        Lookup::NegativeHit => "negative",
+        Lookup::Miss => "miss",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lookup_made_at_once_answers_as_the_awaited_one_or_not_at_all() {
+    // Keys 0..100 found (fresh), 100..200 found but past their TTL, 200..300 not found,
+    // the rest never asked. Meanwhile other tasks load thousands of keys, so moka's
+    // maintenance runs during the lookups: a lookup made at once may decline, but never
+    // answers otherwise than the awaited lookup of the same key.
+    let cache = cache();
+    for n in 0..300u64 {
+        let fetched = match n {
+            0..100 => found(Duration::from_secs(600)),
+            100..200 => found(Duration::ZERO),
+            _ => Ok(Fetched::NotFound),
+        };
+        let loaded = cache
+            .load(key(n), kept(Duration::from_secs(600)), async { fetched })
+            .await;
+        assert!(!matches!(loaded, Loaded::Failed { .. }), "{n}");
+    }
+    let expected = |n: u64| match n {
+        0..100 => "hit",
+        100..200 => "stale",
+        200..300 => "negative",
+        _ => "miss",
+    };
+    let churn: Vec<_> = (0..3u64)
+        .map(|t| {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                for n in 0..3_000u64 {
+                    let k = key(1_000_000 + t * 10_000 + n);
+                    let _ = cache
+                        .load(k, kept(Duration::from_secs(600)), async {
+                            Ok(Fetched::NotFound)
+                        })
+                        .await;
+                }
+            })
+        })
+        .collect();
+    let mut answered = 0;
+    for round in 0..20u64 {
+        for n in 0..400u64 {
+            let k = key(n);
+            if let Some(now) = cache.lookup_now(&k) {
+                assert_eq!(kind(&now), expected(n), "key {n}, round {round}");
+                answered += 1;
+            }
+            assert_eq!(kind(&cache.lookup(&k).await), expected(n), "key {n}");
+        }
+    }
+    for t in churn {
+        t.await.expect("churn task");
+    }
+    // Declining is the exception: most lookups are answered at once.
+    assert!(answered > 4_000, "answered at once: {answered} of 8000");
+}

@@ -61,8 +61,10 @@ impl Pipeline {
     }
 
     /// [`Pipeline::guarded`] for a request that needs no waiting: one the gate refuses
-    /// (or whose key is malformed), answered with what `guarded` would answer; `None`
-    /// for every other request, which goes through `guarded`.
+    /// (or whose key is malformed), or one a cache entry answers (a fresh hit, a
+    /// negative entry) when the cache's lookup is ready at once; answered with what
+    /// `guarded` would answer. `None` for every other request, which goes through
+    /// `guarded` (and is looked up again there).
     pub(super) fn guarded_now(
         &self,
         route: &GuardedRoute,
@@ -72,14 +74,22 @@ impl Pipeline {
         show: impl FnOnce() -> bool,
     ) -> Option<(Response<ProxyBody>, Outcome)> {
         let decided = match key_of(route, segment, req) {
-            Ok((key, _)) => {
+            Ok((key, forwarded)) => {
                 let verdict = match route.mode {
-                    RouteMode::Off => return None,
+                    RouteMode::Off => Verdict::MaybePresent,
                     RouteMode::Enforce | RouteMode::Shadow => {
                         route.filter.verdict_now(KeyBytes::new().of(&key))?
                     }
                 };
-                Ok(self.refusal(route, verdict, &key)?)
+                match self.refusal(route, verdict, &key) {
+                    Some(refused) => Ok(refused),
+                    None => {
+                        let (request, cache_key) =
+                            self.past_gate(route, req, key, forwarded, verdict);
+                        let found = self.cache.lookup_now(&cache_key)?;
+                        Ok(request.cached_answer(found).ok()?)
+                    }
+                }
             }
             Err(e) => Err(e),
         };
@@ -104,7 +114,20 @@ impl Pipeline {
         if let Some(refused) = self.refusal(route, verdict, &key) {
             return Ok(refused);
         }
-        let shadow_absent = verdict == Verdict::Absent && route.mode == RouteMode::Shadow;
+        let (request, cache_key) = self.past_gate(route, req, key, forwarded, verdict);
+        request.look_up(cache_key).await
+    }
+
+    /// A request the gate let through with `verdict`, and the key its answer is cached
+    /// under.
+    fn past_gate<'a>(
+        &'a self,
+        route: &'a GuardedRoute,
+        req: &'a GuardedRequest<'a>,
+        key: NormKey<'a>,
+        forwarded: Option<String>,
+        verdict: Verdict,
+    ) -> (Guarded<'a>, CacheKey) {
         let cache_key = CacheKey {
             route: route.id,
             key: key.to_owned_key(),
@@ -117,12 +140,12 @@ impl Pipeline {
             credentials: http_cache::has_credentials(req.headers),
             counting: Counting {
                 failing_open: verdict == Verdict::Unavailable,
-                shadow_absent,
+                shadow_absent: verdict == Verdict::Absent && route.mode == RouteMode::Shadow,
             },
             client: req.client,
             key,
         };
-        request.look_up(cache_key).await
+        (request, cache_key)
     }
 
     /// The gate's answer when `verdict` refuses `key` on `route`: certainly absent, and
@@ -200,24 +223,29 @@ impl<'a> Guarded<'a> {
     /// The cache stage: an entry answers, a stale one (or none) sends the request on to
     /// the origin.
     async fn look_up(self, cache_key: CacheKey) -> Result<Answer, ProxyError> {
-        let credentials = self.credentials;
-        match self.pipeline.cache.lookup(&cache_key).await {
-            Lookup::Hit(cached) if !credentials || cached.with_credentials => {
-                let resp = replay(cached, self.req.headers);
-                return Ok(self.count(Outcome::CacheHit, true, resp));
-            }
-            Lookup::NegativeHit => {
-                return Ok(self.count(Outcome::NegativeHit, false, not_found()));
-            }
-            Lookup::Stale(cached) if !credentials || cached.with_credentials => {
-                return Box::pin(self.through_origin(cache_key, Some(cached))).await;
-            }
-            Lookup::Hit(_) | Lookup::Stale(_) | Lookup::Miss => {}
-        }
+        let found = self.pipeline.cache.lookup(&cache_key).await;
         // Boxed: the origin call and the coalesced load are most of this future's state,
         // and every request's future is moved whole at least once, so the paths that
         // never reach the origin should not carry that state.
-        Box::pin(self.through_origin(cache_key, None)).await
+        match self.cached_answer(found) {
+            Ok(answer) => Ok(answer),
+            Err(stale) => Box::pin(self.through_origin(cache_key, stale)).await,
+        }
+    }
+
+    /// The answer the cache makes on its own (a fresh entry this request may have, a
+    /// negative entry); otherwise the stale entry the origin stage may fall back on.
+    fn cached_answer(&self, found: Lookup) -> Result<Answer, Option<CachedResponse>> {
+        let shareable = |cached: &CachedResponse| !self.credentials || cached.with_credentials;
+        match found {
+            Lookup::Hit(cached) if shareable(&cached) => {
+                let resp = replay(cached, self.req.headers);
+                Ok(self.count(Outcome::CacheHit, true, resp))
+            }
+            Lookup::NegativeHit => Ok(self.count(Outcome::NegativeHit, false, not_found())),
+            Lookup::Stale(cached) if shareable(&cached) => Err(Some(cached)),
+            Lookup::Hit(_) | Lookup::Stale(_) | Lookup::Miss => Err(None),
+        }
     }
 
     /// The part of the pipeline past a cache miss: the false-positive budget, then the

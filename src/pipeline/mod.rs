@@ -199,8 +199,8 @@ impl Pipeline {
 
     /// The answer to a request that needs no waiting, made and counted (and logged) as
     /// [`Pipeline::handle`] would: a key the gate refuses, a malformed key, a spelling
-    /// of a guarded path that cannot be gated. `None` for any other request, which then
-    /// goes to `handle`.
+    /// of a guarded path that cannot be gated, a key a cache entry answers. `None` for
+    /// any other request, which then goes to `handle`.
     ///
     /// The data plane asks this first, from the request as it was read: an answer made
     /// here costs no future at all, where `handle`'s is moved whole and polled through
