@@ -104,14 +104,15 @@ impl Upstream {
         }
     }
 
-    /// The upstream URI for a request's path and query.
-    pub fn uri_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, UpstreamError> {
-        let pq = path_and_query.map_or("/", PathAndQuery::as_str);
-        Ok(Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(pq)
-            .build()?)
+    /// The upstream URI for a request's path and query, which it takes as they were
+    /// read (no copy, no second parse).
+    pub fn uri_for(&self, path_and_query: Option<PathAndQuery>) -> Result<Uri, UpstreamError> {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query =
+            Some(path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/")));
+        Uri::from_parts(parts).map_err(|e| UpstreamError::Uri(e.into()))
     }
 
     /// The upstream URI for a request target built here (a path and query).

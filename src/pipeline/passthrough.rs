@@ -88,7 +88,7 @@ async fn forward_inner(
         .is_some_and(|c| c.tls);
     let (mut parts, body) = req.into_parts();
     host_from_absolute_target(&mut parts);
-    parts.uri = upstream.uri_for(parts.uri.path_and_query())?;
+    parts.uri = upstream.uri_for(std::mem::take(&mut parts.uri).into_parts().path_and_query)?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded(&mut parts.headers, peer, trusted, tls);
