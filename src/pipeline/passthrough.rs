@@ -29,7 +29,7 @@ const VIA_VALUE: &str = "1.1 bloomgate";
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1, plus the
 /// legacy ones proxies still see), and `Transfer-Encoding`, whose framing hyper decides
 /// again for the next hop.
-const HOP_BY_HOP: [HeaderName; 9] = [
+static HOP_BY_HOP: [HeaderName; 9] = [
     CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -105,21 +105,32 @@ async fn forward_inner(
 
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let hop = |name: &HeaderName| HOP_BY_HOP.contains(name);
     // Most messages carry none: one pass over their few names spares nine lookups.
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    if !headers.keys().any(hop) {
         return;
     }
+    // What `Connection` names besides the hop-by-hop headers themselves (the common
+    // `Connection: keep-alive` names none), then the hop-by-hop headers present, each
+    // found in one pass over the names rather than looked up.
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|token| {
+            !HOP_BY_HOP
+                .iter()
+                .any(|h| h.as_str().eq_ignore_ascii_case(token))
+        })
+        .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
         .collect();
     for name in named {
         headers.remove(name);
     }
-    for name in &HOP_BY_HOP {
+    let present: Vec<HeaderName> = headers.keys().filter(|n| hop(n)).cloned().collect();
+    for name in present {
         headers.remove(name);
     }
 }
