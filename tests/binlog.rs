@@ -11,7 +11,7 @@ use std::time::Duration;
 use bloomgate::db::demo_sku;
 use sqlx::AssertSqlSafe;
 use support::observe::{eventually, filter_status};
-use support::{TestConfig, TestDb, TestProxy, TestRoute, mysql_url};
+use support::{TestConfig, TestDb, TestProxy, TestRoute, mysql_url, refused_absent_key};
 
 const TOKEN: &str = "binlog-test-token-0123456789";
 
@@ -99,7 +99,7 @@ async fn inserts_updates_and_deletes_reach_the_gate_and_the_cache_through_the_lo
     assert!(mark.starts_with("binlog file "), "{status}");
 
     // An insert: refused before, served after, with no poll in between.
-    let added = new_key(1);
+    let added = refused_absent_key(&proxy, "/api/products/", 1).await;
     assert_eq!(wait_status(&proxy, added, 404).await, "intercepted");
     db.insert_product(added).await;
     assert_eq!(wait_status(&proxy, added, 200).await, "miss");
@@ -159,7 +159,10 @@ async fn a_lower_id_committed_after_a_higher_one_is_admitted_with_no_gap_logic()
     db.add_auto_increment_ids().await;
     grant_replication(&db).await;
     let proxy = TestProxy::spawn_ready(&config(&db).toml()).await;
-    let (low, high) = (new_key(10), new_key(11));
+    let (low, high) = (
+        refused_absent_key(&proxy, "/api/products/", 10).await,
+        new_key(11),
+    );
     // `low` takes the lower id and commits last, the order that defeated integer
     // watermarks: a poll that read `high` had moved past `low`'s id.
     let mut early = db.admin.begin().await.expect("begin");

@@ -27,7 +27,7 @@ use support::binary::{BIN, Bloomgate, message};
 use support::observe::filter_status;
 use support::{
     ChildGuard, HttpClient, RedisOptions, StubUpstream, TestConfig, TestDb, TestRedis, TestRoute,
-    eventually, mysql_url, redis_server,
+    eventually, mysql_url, redis_server, refused_absent_key,
 };
 
 fn repo(path: &str) -> PathBuf {
@@ -1148,13 +1148,12 @@ async fn the_cluster_compose_file_runs_the_fleet_on_a_cluster_with_the_same_user
     )
     .await;
     let counter = "bloomgate_filter_redis_checks_total{answer=\"absent\",filter=\"products\"}";
+    let absent = refused_absent_key(&proxy, "/api/products/", 7).await;
     eventually(
         "a refusal answered by the copy in Redis",
         Duration::from_secs(60),
         || async {
-            let r = proxy
-                .get(&format!("/api/products/{}", demo_absent_sku(7)))
-                .await;
+            let r = proxy.get(&format!("/api/products/{absent}")).await;
             r.status.as_u16() == 404 && proxy.counter_or_zero(counter).await > 0.0
         },
     )

@@ -14,6 +14,7 @@ use redis::AsyncCommands;
 use support::topology::Backing;
 use support::{
     TestConfig, TestDb, TestProxy, TestRedis, TestRoute, eventually, mysql_url, redis_server,
+    refused_absent_key,
 };
 
 const TOKEN: &str = "test-admin-token";
@@ -137,10 +138,9 @@ async fn admissions_and_invalidations_on_one_instance_reach_the_others() {
         ready(p, Duration::from_secs(60)).await;
     }
 
-    // A key created behind the fleet's back is refused everywhere; C also keeps a
-    // negative entry for it once the gate lets it through... so ask C for a false
-    // positive first: any absent key that passes C's gate leaves a negative entry.
-    let new_key = demo_absent_sku(11);
+    // A key created behind the fleet's back is refused everywhere (the instances serve
+    // one generation, so a key A refuses is refused by each).
+    let new_key = refused_absent_key(&a, "/api/products/", 11).await;
     db.insert_product(new_key).await;
     for p in [&a, &b, &c] {
         assert_eq!(
@@ -281,7 +281,7 @@ async fn an_admission_made_while_redis_is_frozen_reaches_the_others_when_it_thaw
     for p in [&a, &b] {
         ready(p, Duration::from_secs(60)).await;
     }
-    let key = demo_absent_sku(77);
+    let key = refused_absent_key(&b, "/api/products/", 77).await;
     db.insert_product(key).await;
     let path = format!("/api/products/{key}");
     assert_eq!(b.get(&path).await.status.as_u16(), 404);

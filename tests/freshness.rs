@@ -15,6 +15,7 @@ use http::Method;
 use support::observe::wait_value;
 use support::{
     SYNC_QUERY, StubUpstream, TestConfig, TestDb, TestProxy, TestRoute, concurrently, mysql_url,
+    refused_absent_keys,
 };
 
 const SYNC_INTERVAL_MS: u64 = 300;
@@ -517,7 +518,9 @@ async fn shadow_mode_serves_and_counts_false_negatives_that_enforce_mode_refuses
         None
     );
     // Keys inserted behind the proxy's back; with sync off the filter never learns them.
-    let hidden: Vec<u64> = (0..5).map(|i| demo_absent_sku(i * 13)).collect();
+    // Keys it refuses, found through the enforced route (the routes share the filter),
+    // so that the shadow route counts only the requests below.
+    let hidden = refused_absent_keys(&proxy, "/enforced/", 0, 5).await;
     db.insert_products(&hidden).await;
     for (n, k) in hidden.iter().enumerate() {
         for round in 0..2 {

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use bloomgate::db::{demo_absent_sku, demo_sku};
+use bloomgate::db::demo_sku;
 use bytes::Bytes;
 use http::Method;
 use sqlx::{AssertSqlSafe, Row};
 use support::binary::{BIN, Bloomgate};
-use support::{HttpClient, StubUpstream, TestDb, eventually, mysql_url};
+use support::{HttpClient, StubUpstream, TestDb, eventually, mysql_url, refused_absent_key};
 use tempfile::TempDir;
 
 /// What a run of the binary left behind.
@@ -206,7 +206,7 @@ async fn mariadb_integer_key_with_an_updated_at_index() {
     check_config(dir.path(), &text, &[]);
     check_config(dir.path(), &text, &[("BLOOMGATE__DATABASE__URL", &db.url)]);
     let proxy = serve(&text, &[("BLOOMGATE__DATABASE__URL", &db.url)]).await;
-    let absent = demo_absent_sku(7);
+    let absent = refused_absent_key(&proxy, "/api/products/", 7).await;
     assert_gated(
         &proxy,
         &format!("/api/products/{}", demo_sku(7)),

@@ -6,7 +6,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use bloomgate::db::{demo_absent_sku, demo_sku};
-use support::{TestConfig, TestDb, TestProxy, TestRoute, concurrently, mysql_url};
+use support::{
+    TestConfig, TestDb, TestProxy, TestRoute, concurrently, mysql_url, refused_absent_key,
+};
 
 fn config(db_url: &str, expected: u64, fpp: f64, negative_ttl: &str) -> String {
     TestConfig::new(db_url)
@@ -393,8 +395,9 @@ async fn admin_calls_need_the_token_and_added_keys_pass_the_gate() {
         assert_eq!(r.status.as_u16(), 401);
     }
 
-    // A product created behind the proxy's back is unknown to the gate...
-    let new_key = demo_absent_sku(7);
+    // A product created behind the proxy's back is unknown to the gate... (A key the
+    // gate refuses, found far from `another` below.)
+    let new_key = refused_absent_key(&proxy, "/api/products/", 100).await;
     db.insert_product(new_key).await;
     let r = proxy.get(&format!("/api/products/{new_key}")).await;
     assert_eq!(r.status.as_u16(), 404);

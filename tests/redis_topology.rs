@@ -16,7 +16,10 @@ use bloomgate::db::{demo_absent_sku, demo_sku};
 use bloomgate::gate::redis_held::{self, HeldKeys, Layout};
 use redis::aio::ConnectionLike;
 use support::topology::{TestCluster, TestSentinel};
-use support::{TestConfig, TestDb, TestProxy, TestRoute, eventually, mysql_url, redis_server};
+use support::{
+    TestConfig, TestDb, TestProxy, TestRoute, eventually, mysql_url, redis_server,
+    refused_absent_key,
+};
 
 const TOKEN: &str = "test-admin-token";
 
@@ -219,7 +222,8 @@ async fn a_fleet_survives_its_primary(
     let layout: Layout = eventually_layout(conn, &keys).await;
     assert!(layout.shards() > 1, "{layout:?}");
     for (i, p) in all.iter().enumerate() {
-        let absent = demo_absent_sku(rows + i as u64);
+        // A key of its own for each instance, one its gate refuses.
+        let absent = refused_absent_key(*p, "/api/products/", rows + 20 * i as u64).await;
         eventually(
             "a refusal answered by the copy in Redis",
             SETTLE,

@@ -15,7 +15,7 @@ use support::binary::{Bloomgate, message};
 use support::config::{TestConfig, TestRoute};
 use support::observe::Scrape;
 use support::tls::{Wire, WireClient, WireConn};
-use support::{HttpClient, Reply, TestDb, mysql_url};
+use support::{HttpClient, Reply, TestDb, mysql_url, refused_absent_key};
 
 const TOKEN: &str = "reload-token";
 
@@ -534,7 +534,10 @@ async fn in_a_fleet_the_builder_acts_on_a_new_size_and_a_new_source_needs_a_rest
     let at_b = fleet_member(b.admin).await;
     assert_eq!(at_b["serving"]["generation"], generation, "{at_b}");
     assert_eq!(capacity(b.admin).await, 1_000.0);
-    let absent = format!("/api/products/{}", demo_absent_sku(7));
+    let absent = format!(
+        "/api/products/{}",
+        refused_absent_key(&b, "/api/products/", 7).await
+    );
     let mut conn = WireClient::new(Wire::Http1, b.data, None).connect().await;
     assert_eq!(get(&mut conn, &absent).await.stage(), "intercepted");
 

@@ -51,7 +51,7 @@ pub use config::{SYNC_QUERY, TestConfig, TestRoute};
 #[allow(unused_imports)]
 pub use mariadb::OwnMariaDb;
 #[allow(unused_imports)]
-pub use observe::{Scrape, eventually};
+pub use observe::{Scrape, eventually, refused_absent_key, refused_absent_keys};
 
 /// The variable that names the MariaDB server the tests use.
 pub const MYSQL_URL_VAR: &str = "BLOOMGATE_TEST_MYSQL_URL";

@@ -1,15 +1,18 @@
 //! Reading state back: one `/metrics` scrape read as a whole (so several series come from
 //! the same instant), waiting on a condition with a deadline, the `/admin/filters`
-//! entry of the `products` filter, and auto-increment ids for the demo table.
+//! entry of the `products` filter, auto-increment ids for the demo table, and absent
+//! keys that the gate of a running proxy refuses.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use bloomgate::db::demo_absent_sku;
 use bytes::Bytes;
 use http::Method;
 use serde_json::Value;
 
+use super::binary::Bloomgate;
 use super::{HttpClient, TestDb, TestProxy};
 
 /// One `/metrics` answer.
@@ -149,4 +152,83 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A running bloomgate whose data plane a test asks: the in-process [`TestProxy`] or the
+/// binary, [`Bloomgate`].
+pub trait DataPlane {
+    /// The data plane's address.
+    fn data_plane(&self) -> SocketAddr;
+}
+
+impl DataPlane for TestProxy {
+    fn data_plane(&self) -> SocketAddr {
+        self.data
+    }
+}
+
+impl DataPlane for Bloomgate {
+    fn data_plane(&self) -> SocketAddr {
+        self.data
+    }
+}
+
+/// Absent keys let through in a row at which [`refused_absent_keys`] gives up: at a
+/// false-positive rate of 1%, twelve false positives in a row come once in 10^24 runs,
+/// so only a gate that refuses (almost) nothing fails there.
+pub const REFUSAL_TRIES: u64 = 12;
+
+/// The first absent key from `demo_absent_sku(from)` on that the gate of `proxy`
+/// refuses (404, `intercepted`) when asked for `prefix` followed by the key, e.g.
+/// `"/api/products/"` or `"/api/product/info?sku_id="`. See [`refused_absent_keys`].
+pub async fn refused_absent_key(proxy: &impl DataPlane, prefix: &str, from: u64) -> u64 {
+    refused_absent_keys(proxy, prefix, from, 1).await[0]
+}
+
+/// `n` absent keys that the gate of `proxy` refuses (404, `intercepted`), asking for
+/// `prefix` followed by `demo_absent_sku(from)`, `demo_absent_sku(from + 1)`, … in turn
+/// and skipping the ones it lets through; fails the test if [`REFUSAL_TRIES`] keys in a
+/// row are not refused.
+///
+/// Every build of a filter draws a random secret seed, so which absent keys are its
+/// false positives changes from run to run: a test that needs a key the gate refuses
+/// (to see it refused, then inserted, admitted or synced) takes it from here instead of
+/// fixing one, which would be let through in about `false_positive_rate` of its runs.
+/// Each key asked is one request: the false positives on the way reach the origin (a
+/// lookup, a negative entry), and the refused ones count as refusals.
+pub async fn refused_absent_keys(
+    proxy: &impl DataPlane,
+    prefix: &str,
+    from: u64,
+    n: usize,
+) -> Vec<u64> {
+    let client = HttpClient::new();
+    let data = proxy.data_plane();
+    let mut refused = Vec::with_capacity(n);
+    let mut passed = Vec::new();
+    let mut i = from;
+    while refused.len() < n {
+        let key = demo_absent_sku(i);
+        i += 1;
+        let path = format!("{prefix}{key}");
+        let r = client
+            .send(
+                Method::GET,
+                &format!("http://{data}{path}"),
+                &[],
+                Bytes::new(),
+            )
+            .await;
+        if r.status.as_u16() == 404 && r.stage() == "intercepted" {
+            refused.push(key);
+            passed.clear();
+            continue;
+        }
+        passed.push(format!("{path}: {} {}", r.status.as_u16(), r.stage()));
+        assert!(
+            (passed.len() as u64) < REFUSAL_TRIES,
+            "{REFUSAL_TRIES} absent keys in a row not refused by the gate: {passed:?}"
+        );
+    }
+    refused
 }
