@@ -9,7 +9,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use bloomgate::db::demo_absent_sku;
+use bloomgate::gate::Verdict;
+use bloomgate::key::{KeyBytes, OwnedKey};
 use futures_util::future::join_all;
+use support::observe::REFUSAL_TRIES;
 use support::{SYNC_QUERY, TestConfig, TestDb, TestProxy, TestRoute, eventually, mysql_url};
 
 const SYNC_INTERVAL_MS: u64 = 300;
@@ -90,6 +93,33 @@ async fn start(server: &str) -> (TestDb, TestProxy) {
     (db, proxy)
 }
 
+/// `n` absent keys from `demo_absent_sku(from)` on that the proxy's filter refuses,
+/// skipping its false positives; fails the test if [`REFUSAL_TRIES`] in a row are let
+/// through. The seed is random per build, so which absent keys are false positives
+/// changes from run to run. The filter is asked directly: a request would be refused,
+/// sampled and checked by the audit, adding to the checks these tests count.
+fn refused_keys(proxy: &TestProxy, from: u64, n: usize) -> Vec<u64> {
+    let filter = proxy.proxy.filter("products").expect("the products filter");
+    let mut bytes = KeyBytes::new();
+    let mut refused = Vec::with_capacity(n);
+    let (mut i, mut passed) = (from, 0);
+    while refused.len() < n {
+        let key = demo_absent_sku(i);
+        i += 1;
+        if filter.check(bytes.of(&OwnedKey::Int(key).as_norm())) == Verdict::Absent {
+            refused.push(key);
+            passed = 0;
+            continue;
+        }
+        passed += 1;
+        assert!(
+            passed < REFUSAL_TRIES,
+            "{REFUSAL_TRIES} absent keys in a row let through by the filter, the last {key}"
+        );
+    }
+    refused
+}
+
 /// Asks for `key` and checks that the gate refuses it.
 async fn assert_refused(proxy: &TestProxy, key: u64) {
     let r = proxy.get(&format!("/api/products/{key}")).await;
@@ -105,7 +135,7 @@ async fn hidden_keys_are_found_healed_and_counted_once_sync_has_covered_their_re
     let Some(server) = mysql_url() else { return };
     let (db, proxy) = start(&server).await;
 
-    let hidden: Vec<u64> = (0..5).map(|i| demo_absent_sku(100 + i * 7)).collect();
+    let hidden = refused_keys(&proxy, 100, 5);
     insert_hidden(&db, &hidden).await;
     wait_polls(&proxy, 2.0).await;
     let refused_at = Instant::now();
@@ -167,7 +197,7 @@ async fn hidden_keys_are_found_healed_and_counted_once_sync_has_covered_their_re
 async fn keys_created_after_their_refusal_are_healed_but_not_counted() {
     let Some(server) = mysql_url() else { return };
     let (db, proxy) = start(&server).await;
-    let fresh: Vec<u64> = (0..3).map(|i| demo_absent_sku(200 + i * 11)).collect();
+    let fresh = refused_keys(&proxy, 200, 3);
 
     // The table is locked: the audit's lookups wait behind the lock, so the rows the
     // test inserts meanwhile (stamped now, after the refusals) are there when they run.
@@ -214,7 +244,7 @@ async fn absent_keys_are_checked_and_stay_absent() {
     // The first poll admits every row it reads (unconfirmed until the next build).
     let (_db, proxy) = start(&server).await;
     let unconfirmed = proxy.filter_status("products").await["unconfirmed_keys"].clone();
-    let absent: Vec<u64> = (0..20).map(|i| demo_absent_sku(300 + i)).collect();
+    let absent = refused_keys(&proxy, 300, 20);
     for k in &absent {
         assert_refused(&proxy, *k).await;
     }
