@@ -246,8 +246,10 @@ async fn rebuild_interval_rebuilds_on_schedule_and_deleted_keys_leave() {
     let proxy = TestProxy::spawn_ready(
         &TestConfig::new(&db.url)
             .expected_items(N)
-            // Rare enough that a deleted key is a false positive of no rebuilt filter.
-            .false_positive_rate(0.000_001)
+            // Rare enough that a deleted key is a false positive of no rebuilt filter:
+            // each build draws a random seed, and each of the ten deleted keys is one
+            // of its false positives with a chance of about 10^-9.
+            .false_positive_rate(0.000_000_001)
             .filter("rebuild_interval = \"1s\"")
             .route(TestRoute::sql("products", "/api/products/{id}"))
             .toml(),
@@ -462,7 +464,10 @@ async fn integer_sync_starts_at_start_query_less_overlap_ids_and_admits_new_rows
         &TestConfig::new(&db.url)
             .source_query("SELECT sku_id FROM products WHERE id <= 2000")
             .expected_items(4_000)
-            .false_positive_rate(0.000_001)
+            // The 899 rows below the window must all be refused, whatever the filter's
+            // random seed: at this rate (about 2,100 keys in a filter for 4,000) one of
+            // them is a false positive once in 10^8 runs.
+            .false_positive_rate(0.000_000_001)
             .sync("query = \"SELECT sku_id, id FROM products WHERE id >= ?\"")
             .sync("watermark = \"integer\"")
             .sync("start_query = \"SELECT MAX(id) FROM products\"")

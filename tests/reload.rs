@@ -205,7 +205,10 @@ async fn a_request_in_flight_during_a_reload_finishes_under_the_file_it_started_
             &db,
             TOKEN,
             &[TestRoute::upstream("items", "/api/products/{id}").mode(&mode)],
-            move |c| c.upstream(&url),
+            // Both absent keys below must be refused whatever the filter's random seed,
+            // and none can be probed for: every request this test makes is counted. At
+            // this rate a false positive among them comes once in 10^13 runs.
+            move |c| c.upstream(&url).false_positive_rate(0.000_001),
         )
     };
     let mut bin = Bloomgate::serve(&file("shadow"), &[]).await;
@@ -333,7 +336,14 @@ async fn a_filter_is_rebuilt_only_when_its_sizing_or_source_changes() {
             &db,
             TOKEN,
             &[route().field(format!("ttl = \"{ttl}\""))],
-            move |c| c.expected_items(items).source_query(&source),
+            // The absent key below must be refused by each filter built in turn, each
+            // with a random seed of its own: at this rate it is a false positive of one
+            // of them once in 10^10 runs.
+            move |c| {
+                c.expected_items(items)
+                    .source_query(&source)
+                    .false_positive_rate(0.000_001)
+            },
         )
     };
     let all = "SELECT sku_id FROM products";
