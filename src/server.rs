@@ -9,11 +9,13 @@
 //! [`ConnectionInfo`] in its extensions. It knows nothing about what the handler does.
 //!
 //! This file holds the accept loop, the bound on open connections and draining at
-//! shutdown; `connection` serves one accepted connection, `long_target` is the 414 the
+//! shutdown; `connection` serves one accepted connection, `direct` answers the plain
+//! HTTP/1.1 requests a handler answers at once before hyper, `long_target` is the 414 the
 //! server makes itself, `per_core` the thread-per-core serving, `sniff` the cleartext
 //! protocol detection, `tls` the TLS acceptor, `metrics` the connection counts.
 
 mod connection;
+mod direct;
 mod long_target;
 pub mod metrics;
 mod per_core;
@@ -43,7 +45,14 @@ pub trait Handler: Send + Sync + 'static {
     /// The response body type.
     type Body: Body<Data = bytes::Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
         + Send
+        + Unpin
         + 'static;
+
+    /// Whether [`Handler::answer_now`] ever answers: an HTTP/1.1 connection to a handler
+    /// that does is read by the server's own loop first (see `direct`), which answers
+    /// those requests without hyper.
+    const ANSWERS_AT_ONCE: bool = false;
+
     /// Answers one request from `peer`.
     fn call(
         &self,
@@ -53,12 +62,10 @@ pub trait Handler: Send + Sync + 'static {
 
     /// The answer to a request that needs no waiting, if this handler has one; asked
     /// before [`Handler::call`], which answers when this does not. An answer made here
-    /// costs the connection no future (see `connection::service`).
-    fn answer_now(
-        &self,
-        req: &Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Option<Response<Self::Body>> {
+    /// costs the connection no future (see `connection::service`). It reads the
+    /// request's method, target and headers, never its body or extensions: the server
+    /// may ask it of a head it read itself (`Request<()>`), before hyper has the request.
+    fn answer_now<B>(&self, req: &Request<B>, peer: SocketAddr) -> Option<Response<Self::Body>> {
         let _ = (req, peer);
         None
     }

@@ -38,9 +38,11 @@ impl Handler for DataPlane {
         self.0.handle(req, peer)
     }
 
-    fn answer_now(
+    const ANSWERS_AT_ONCE: bool = true;
+
+    fn answer_now<B>(
         &self,
-        req: &http::Request<Incoming>,
+        req: &http::Request<B>,
         peer: SocketAddr,
     ) -> Option<http::Response<ProxyBody>> {
         self.0.answer_now(req, peer)

@@ -103,11 +103,7 @@ impl Proxy {
 
     /// See [`Pipeline::answer_now`]. The pipeline in force is read without a reference
     /// count, and released before this returns.
-    pub fn answer_now(
-        &self,
-        req: &Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Option<Response<ProxyBody>> {
+    pub fn answer_now<B>(&self, req: &Request<B>, peer: SocketAddr) -> Option<Response<ProxyBody>> {
         self.current.load().answer_now(req, peer)
     }
 
@@ -205,11 +201,7 @@ impl Pipeline {
     /// The data plane asks this first, from the request as it was read: an answer made
     /// here costs no future at all, where `handle`'s is moved whole and polled through
     /// every level of the pipeline (docs/BENCHMARKS.md).
-    pub fn answer_now(
-        &self,
-        req: &Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Option<Response<ProxyBody>> {
+    pub fn answer_now<B>(&self, req: &Request<B>, peer: SocketAddr) -> Option<Response<ProxyBody>> {
         if !matches!(*req.method(), Method::GET | Method::HEAD) {
             return None;
         }

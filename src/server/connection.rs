@@ -8,11 +8,13 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use futures_util::future;
 use futures_util::task::AtomicWaker;
 use http::{Request, Response};
@@ -21,12 +23,14 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
+use super::direct::{self, Handoff, Limits};
 use super::long_target::{ServedBody, refuse_long_target};
 use super::metrics::HandshakeFailure;
-use super::sniff::{self, Spoken};
+use super::sniff::{self, Prefixed, Spoken};
 use super::tls::{self, Tls};
 use super::{ConnectionInfo, ConnectionMetrics, Handler, Protocol, ServeOptions, Transport};
 use bloomgate_core::report::Chain;
@@ -115,7 +119,7 @@ pub(super) async fn run<H: Handler>(
         return;
     }
     if !options.http2 {
-        serve_http1(&shared, TokioIo::new(stream), peer, false, shutdown).await;
+        serve_http1(&shared, stream, peer, false, shutdown).await;
         return;
     }
     let sniffed = tokio::select! {
@@ -135,7 +139,7 @@ pub(super) async fn run<H: Handler>(
             served.await;
         }
         Ok(Ok((Spoken::Http1, io))) => {
-            serve_http1(&shared, TokioIo::new(io), peer, false, shutdown).await;
+            serve_http1(&shared, io, peer, false, shutdown).await;
         }
         Ok(Err(e)) => {
             tracing::debug!(listener = name, %peer, error = %Chain(&e), "connection closed before a request");
@@ -177,33 +181,71 @@ async fn serve_tls<H: Handler>(
         }
     };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
-    let io = TokioIo::new(stream);
     if h2 && options.http2 {
-        serve_http2(shared, io, peer, Protocol::H2, true, shutdown).await;
+        serve_http2(
+            shared,
+            TokioIo::new(stream),
+            peer,
+            Protocol::H2,
+            true,
+            shutdown,
+        )
+        .await;
     } else {
-        serve_http1(shared, io, peer, true, shutdown).await;
+        serve_http1(shared, stream, peer, true, shutdown).await;
     }
 }
 
-async fn serve_http1<H, I>(
+/// An HTTP/1.1 connection: requests answered at once are answered directly (see
+/// `direct`) until the first that hyper must read; from that one on, hyper serves it.
+async fn serve_http1<H, T>(
     shared: &Arc<Listener<H>>,
-    io: I,
+    mut io: T,
     peer: SocketAddr,
     tls: bool,
-    shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
 ) where
     H: Handler,
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let info = ConnectionInfo {
         protocol: Protocol::Http1,
         tls,
     };
     shared.served(info);
-    let service = service(Arc::clone(shared), peer, info, None);
+    let closing = pin!(async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    });
+    let mut closing = Signal::new(closing);
+    let handoff = if H::ANSWERS_AT_ONCE {
+        let limits = Limits {
+            head: head_limit(&shared.options),
+            target: shared.options.max_uri_bytes,
+            header_read: shared.options.header_read_timeout,
+        };
+        let served = direct::serve(
+            &*shared.handler,
+            &mut io,
+            peer,
+            limits,
+            &mut closing,
+            shared.name,
+        );
+        match served.await {
+            Some(handoff) => handoff,
+            None => return,
+        }
+    } else {
+        Handoff {
+            read: BytesMut::new(),
+            answered: None,
+        }
+    };
+    let service = service(Arc::clone(shared), peer, info, None, handoff.answered);
+    let io = TokioIo::new(Prefixed::new(handoff.read, io));
     let conn = shared.http1.serve_connection(io, service);
     // hyper closes an HTTP/1.1 connection idle past header_read_timeout itself.
-    drive(conn, shutdown, None, shared.name, peer).await;
+    drive(conn, &mut closing, shared.name, peer).await;
 }
 
 async fn serve_http2<H, I>(
@@ -212,7 +254,7 @@ async fn serve_http2<H, I>(
     peer: SocketAddr,
     protocol: Protocol,
     tls: bool,
-    shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
 ) where
     H: Handler,
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -220,50 +262,30 @@ async fn serve_http2<H, I>(
     let info = ConnectionInfo { protocol, tls };
     shared.served(info);
     let (busy, idle) = watch::channel(0usize);
-    let service = service(Arc::clone(shared), peer, info, Some(Arc::new(busy)));
+    let service = service(Arc::clone(shared), peer, info, Some(Arc::new(busy)), None);
     let conn = shared.http2.serve_connection(io, service);
-    let idle = Some((idle, shared.options.header_read_timeout));
-    drive(conn, shutdown, idle, shared.name, peer).await;
-}
-
-/// Runs `conn` to its end. When shutdown begins, or (`idle`) no request has been in
-/// flight for the given time, it is asked to finish gracefully: HTTP/1.1 closes after
-/// the response in progress, HTTP/2 sends GOAWAY and lets its open streams finish.
-async fn drive<C>(
-    conn: C,
-    mut shutdown: watch::Receiver<bool>,
-    idle: Option<(watch::Receiver<usize>, Duration)>,
-    name: &'static str,
-    peer: SocketAddr,
-) where
-    C: GracefulConnection<Error: Into<Box<dyn std::error::Error + Send + Sync>>>,
-{
-    tokio::pin!(conn);
-    let closing = async {
+    let (limit, name) = (shared.options.header_read_timeout, shared.name);
+    let closing = pin!(async move {
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => {}
-            _ = idle_for(idle) => {
+            _ = idle_for(idle, limit) => {
                 tracing::debug!(listener = name, %peer, "idle connection: closing");
             }
         }
-    };
-    tokio::pin!(closing);
-    // `closing` is polled only when it has been woken, not each time the connection is:
-    // polling the shutdown watch takes its lock, which every connection of every
-    // serving thread shares (docs/BENCHMARKS.md: 3% of a refusal's CPU).
-    let flag = Arc::new(WakeFlag {
-        woken: AtomicBool::new(true),
-        task: AtomicWaker::new(),
     });
-    let closing_waker = Waker::from(Arc::clone(&flag));
+    drive(conn, &mut Signal::new(closing), name, peer).await;
+}
+
+/// Runs `conn` to its end. When `closing` fires (shutdown began, or an HTTP/2
+/// connection sat idle), it is asked to finish gracefully: HTTP/1.1 closes after the
+/// response in progress, HTTP/2 sends GOAWAY and lets its open streams finish.
+async fn drive<C>(conn: C, closing: &mut Signal<'_>, name: &'static str, peer: SocketAddr)
+where
+    C: GracefulConnection<Error: Into<Box<dyn std::error::Error + Send + Sync>>>,
+{
+    let mut conn = pin!(conn);
     let first = std::future::poll_fn(|cx| {
-        flag.task.register(cx.waker());
-        if flag.woken.swap(false, Ordering::AcqRel)
-            && closing
-                .as_mut()
-                .poll(&mut Context::from_waker(&closing_waker))
-                .is_ready()
-        {
+        if closing.poll_fired(cx) {
             return Poll::Ready(None);
         }
         conn.as_mut().poll(cx).map(Some)
@@ -279,6 +301,50 @@ async fn drive<C>(
     if let Err(e) = ended {
         let e = e.into();
         tracing::debug!(listener = name, %peer, error = %Chain(&*e), "connection ended with an error");
+    }
+}
+
+/// A signal (the connection's closing) polled only after it has woken the task, not
+/// each time the connection is: polling the shutdown watch takes its lock, which every
+/// connection of every serving thread shares (docs/BENCHMARKS.md: 3% of a refusal's
+/// CPU).
+pub(super) struct Signal<'a> {
+    future: Pin<&'a mut (dyn Future<Output = ()> + Send + 'a)>,
+    flag: Arc<WakeFlag>,
+    waker: Waker,
+    fired: bool,
+}
+
+impl<'a> Signal<'a> {
+    fn new(future: Pin<&'a mut (dyn Future<Output = ()> + Send + 'a)>) -> Signal<'a> {
+        let flag = Arc::new(WakeFlag {
+            woken: AtomicBool::new(true),
+            task: AtomicWaker::new(),
+        });
+        Signal {
+            future,
+            waker: Waker::from(Arc::clone(&flag)),
+            flag,
+            fired: false,
+        }
+    }
+
+    /// Whether the signal has fired; until it has, the task of `cx` is woken when it may.
+    pub(super) fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.fired {
+            return true;
+        }
+        self.flag.task.register(cx.waker());
+        if self.flag.woken.swap(false, Ordering::AcqRel)
+            && self
+                .future
+                .as_mut()
+                .poll(&mut Context::from_waker(&self.waker))
+                .is_ready()
+        {
+            self.fired = true;
+        }
+        self.fired
     }
 }
 
@@ -300,11 +366,8 @@ impl Wake for WakeFlag {
     }
 }
 
-/// Resolves once no request has been in flight for the given time; never without one.
-async fn idle_for(idle: Option<(watch::Receiver<usize>, Duration)>) {
-    let Some((mut in_flight, limit)) = idle else {
-        return std::future::pending().await;
-    };
+/// Resolves once no request has been in flight for `limit`.
+async fn idle_for(mut in_flight: watch::Receiver<usize>, limit: Duration) {
     loop {
         let busy = *in_flight.borrow_and_update() > 0;
         if busy {
@@ -339,7 +402,8 @@ impl Drop for InFlight {
 
 /// The service of one connection: the target-length limit, then the handler, with
 /// `info` in the request's extensions. With `in_flight`, each request that waits is
-/// counted there until its response head is ready.
+/// counted there until its response head is ready. `first`, when there is one, is the
+/// answer to the first request, made before the connection was handed to hyper.
 ///
 /// What the handler answers at once ([`Handler::answer_now`]) is returned as a ready
 /// future of a response: hyper moves each request's future into its slot, and the
@@ -350,6 +414,7 @@ fn service<H: Handler>(
     peer: SocketAddr,
     info: ConnectionInfo,
     in_flight: Option<Arc<watch::Sender<usize>>>,
+    first: Option<Response<H::Body>>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<ServedBody<H::Body>>,
@@ -357,7 +422,18 @@ fn service<H: Handler>(
     Future: Send + 'static,
 > + Send
 + 'static {
+    let first = first.map(|resp| Mutex::new(Some(resp)));
     service_fn(move |mut req: Request<Incoming>| {
+        let made = first.as_ref().and_then(|first| {
+            let resp = first
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()?;
+            Some(resp.map(Either::Right))
+        });
+        if let Some(made) = made {
+            return future::Either::Left(std::future::ready(Ok::<_, Infallible>(made)));
+        }
         // Short-circuit: an over-long target never reaches routing.
         let now =
             refuse_long_target(&req, shared.options.max_uri_bytes, shared.name).or_else(|| {
@@ -379,8 +455,7 @@ fn service<H: Handler>(
 
 /// The HTTP/1.1 settings every connection of a listener shares.
 fn http1_builder(options: &ServeOptions) -> hyper::server::conn::http1::Builder {
-    // hyper's minimum buffer; config validation refuses less, this guards other callers.
-    let head_limit = options.max_header_bytes.max(8192);
+    let head_limit = head_limit(options);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -401,6 +476,12 @@ fn http1_builder(options: &ServeOptions) -> hyper::server::conn::http1::Builder 
         // the buffer at most `max_buf_size` bytes at a time.
         .writev(false);
     builder
+}
+
+/// The largest HTTP/1.1 request head read: `max_header_bytes`, at least hyper's minimum
+/// buffer (config validation refuses less; this guards other callers).
+fn head_limit(options: &ServeOptions) -> usize {
+    options.max_header_bytes.max(8192)
 }
 
 /// The HTTP/2 settings every connection of a listener shares.

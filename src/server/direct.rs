@@ -1,0 +1,518 @@
+//! HTTP/1.1 requests answered before hyper sees them. An HTTP/1.1 connection starts
+//! here: each request head is read with httparse (the parser hyper itself uses, with
+//! hyper's settings), and a plain `GET` the handler answers at once
+//! ([`Handler::answer_now`]: a refusal, a cache hit) is answered and written here, with
+//! no dispatcher, no body and no future per request. Everything else goes to hyper, with
+//! the bytes already read put back in front ([`Handoff`]): a request with a body or a
+//! connection header, `HEAD`, HTTP/1.0, anything httparse or `http` refuses, a head
+//! over the size limit or with a long target (hyper and the server answer 431, 400,
+//! 414 as always), and a request the handler waits for. From the first request handed
+//! over, the connection stays with hyper.
+//!
+//! An answer is written as hyper writes it (status line, the handler's headers,
+//! `content-length`, `date`) when it is plain: HTTP/1.1, a status that carries a body,
+//! no framing, connection or date header of its own, a body of known length. Any other
+//! answer is handed to hyper with its request and written there.
+
+use std::cell::RefCell;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+use super::Handler;
+use super::connection::Signal;
+use bloomgate_core::report::Chain;
+
+/// What a connection hands to hyper once this loop stops answering.
+pub(super) struct Handoff<B> {
+    /// Bytes read and not answered, the head of the request to answer next first.
+    pub(super) read: BytesMut,
+    /// The answer already made to that request, when it was not plain enough to be
+    /// written here: hyper writes it as the answer to the request it reads first.
+    pub(super) answered: Option<Response<B>>,
+}
+
+/// The limits of the listener that apply to a request head.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Largest head read (`ServeOptions::max_header_bytes`, as hyper is given it).
+    pub(super) head: usize,
+    /// Longest target answered here (`ServeOptions::max_uri_bytes`).
+    pub(super) target: usize,
+    /// Time a head has to arrive, counted from the connection's start or its last answer.
+    pub(super) header_read: Duration,
+}
+
+/// Most header lines of a head answered here; a head with more goes to hyper (which
+/// takes up to 100).
+const MAX_HEADERS: usize = 32;
+
+/// Room the read buffer starts with, as hyper's.
+const READ_BUFFER: usize = 8192;
+
+/// An answer buffer grown past this is let go after its write, not kept for the next.
+const KEEP_WRITE_BUFFER: usize = 64 * 1024;
+
+/// Headers that change how a request is framed or how its connection behaves: a head
+/// with one of them goes to hyper.
+const HYPER_HEADERS: [HeaderName; 6] = [
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+    header::UPGRADE,
+    header::EXPECT,
+    header::TE,
+];
+
+/// Answers requests on `io` until one must go to hyper (returned with what was read),
+/// or the connection ends here (`None`): the client closed it, sent no whole head in
+/// time, or `closing` fired while no request was in progress.
+pub(super) async fn serve<H, T>(
+    handler: &H,
+    io: &mut T,
+    peer: SocketAddr,
+    limits: Limits,
+    closing: &mut Signal<'_>,
+    listener: &'static str,
+) -> Option<Handoff<H::Body>>
+where
+    H: Handler,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut read = BytesMut::with_capacity(READ_BUFFER);
+    let mut out: Vec<u8> = Vec::new();
+    // Bytes of `read` already known to hold no whole head.
+    let mut scanned = 0;
+    let mut head = Head::default();
+    let mut deadline = Instant::now() + limits.header_read;
+    let mut timer = pin!(tokio::time::sleep_until(deadline));
+    loop {
+        let mut answered = false;
+        while !read.is_empty() {
+            if scanned > 0 && !may_be_complete(&read, scanned) {
+                break;
+            }
+            match parse(&read, limits, &mut head) {
+                Parsed::Partial => {
+                    scanned = read.len();
+                    break;
+                }
+                Parsed::Hyper => return hand_over(io, &mut out, read, None, listener, peer).await,
+                Parsed::Get => {}
+            }
+            scanned = 0;
+            let head_bytes = read.split_to(head.len).freeze();
+            let Some(req) = head.request(&head_bytes) else {
+                put_back(&mut read, &head_bytes);
+                return hand_over(io, &mut out, read, None, listener, peer).await;
+            };
+            let Some(resp) = handler.answer_now(&req, peer) else {
+                drop(req);
+                put_back(&mut read, &head_bytes);
+                return hand_over(io, &mut out, read, None, listener, peer).await;
+            };
+            drop(req);
+            match encode(resp, &mut out) {
+                Encoded::Whole => {}
+                Encoded::Streaming(rest) => {
+                    if let Err(e) = stream(io, &mut out, rest).await {
+                        tracing::debug!(listener, %peer, error = %Chain(&e), "answer not written");
+                        return None;
+                    }
+                }
+                Encoded::NotPlain(resp) => {
+                    put_back(&mut read, &head_bytes);
+                    return hand_over(io, &mut out, read, Some(resp), listener, peer).await;
+                }
+                Encoded::Failed => {
+                    tracing::debug!(listener, %peer, "answer body failed; closing");
+                    return None;
+                }
+            }
+            answered = true;
+        }
+        if !out.is_empty()
+            && let Err(e) = write_out(io, &mut out).await
+        {
+            tracing::debug!(listener, %peer, error = %Chain(&e), "answer not written");
+            return None;
+        }
+        if answered {
+            deadline = Instant::now() + limits.header_read;
+        }
+        if read.len() >= limits.head {
+            // No whole head within the limit: hyper answers 431.
+            return hand_over(io, &mut out, read, None, listener, peer).await;
+        }
+        if read.capacity() - read.len() < 1024 {
+            read.reserve(READ_BUFFER);
+        }
+        let room = limits.head - read.len();
+        let event = {
+            let mut limited = (&mut read).limit(room);
+            let mut reading = pin!(io.read_buf(&mut limited));
+            std::future::poll_fn(|cx: &mut Context<'_>| {
+                if closing.poll_fired(cx) {
+                    return Poll::Ready(Event::Closing);
+                }
+                if let Poll::Ready(n) = reading.as_mut().poll(cx) {
+                    return Poll::Ready(Event::Read(n));
+                }
+                timer.as_mut().poll(cx).map(|()| Event::Timer)
+            })
+            .await
+        };
+        match event {
+            Event::Read(Ok(0)) => {
+                if !read.is_empty() {
+                    tracing::debug!(listener, %peer, "connection closed in a request head");
+                }
+                return None;
+            }
+            Event::Read(Ok(_)) => {}
+            Event::Read(Err(e)) => {
+                tracing::debug!(listener, %peer, error = %Chain(&e), "connection ended with an error");
+                return None;
+            }
+            Event::Closing => {
+                end(io).await;
+                return None;
+            }
+            Event::Timer if Instant::now() < deadline => timer.as_mut().reset(deadline),
+            Event::Timer => {
+                tracing::debug!(listener, %peer, "no request within the header read timeout");
+                end(io).await;
+                return None;
+            }
+        }
+    }
+}
+
+/// What woke the loop while it waited for bytes.
+enum Event {
+    Read(io::Result<usize>),
+    Closing,
+    /// The timer armed for an older deadline, or for this one.
+    Timer,
+}
+
+/// Writes what was answered, then hands the connection over.
+async fn hand_over<B, T: AsyncWrite + Unpin>(
+    io: &mut T,
+    out: &mut Vec<u8>,
+    read: BytesMut,
+    answered: Option<Response<B>>,
+    listener: &'static str,
+    peer: SocketAddr,
+) -> Option<Handoff<B>> {
+    if !out.is_empty()
+        && let Err(e) = write_out(io, out).await
+    {
+        tracing::debug!(listener, %peer, error = %Chain(&e), "answer not written");
+        return None;
+    }
+    Some(Handoff { read, answered })
+}
+
+/// Puts a head taken from `read` back in front of what follows it.
+fn put_back(read: &mut BytesMut, head: &Bytes) {
+    let mut whole = BytesMut::with_capacity(head.len() + read.len());
+    whole.extend_from_slice(head);
+    whole.extend_from_slice(read);
+    *read = whole;
+}
+
+async fn write_out<T: AsyncWrite + Unpin>(io: &mut T, out: &mut Vec<u8>) -> io::Result<()> {
+    io.write_all(out).await?;
+    io.flush().await?;
+    out.clear();
+    if out.capacity() > KEEP_WRITE_BUFFER {
+        *out = Vec::new();
+    }
+    Ok(())
+}
+
+/// Closes the write side (a TLS stream sends its close_notify), as hyper does when it
+/// ends a connection; a client that does not read gets no longer than a moment.
+async fn end<T: AsyncWrite + Unpin>(io: &mut T) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+}
+
+/// Whether `read` may hold a whole head now that bytes past `scanned` arrived: a blank
+/// line can only end in them (or straddle their start). Spares a client that sends its
+/// head a byte at a time a parse of the whole head for each byte.
+fn may_be_complete(read: &[u8], scanned: usize) -> bool {
+    let from = scanned.saturating_sub(3);
+    let tail = &read[from..];
+    tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n")
+}
+
+/// A head as httparse read it, in offsets into the bytes it was read from (ranges,
+/// as start and end). One per connection, filled in by each [`parse`].
+struct Head {
+    /// Length of the head, blank line included.
+    len: usize,
+    target: (u32, u32),
+    /// Name and value of each header line, in the order sent.
+    headers: [[u32; 4]; MAX_HEADERS],
+    count: usize,
+}
+
+impl Default for Head {
+    fn default() -> Head {
+        Head {
+            len: 0,
+            target: (0, 0),
+            headers: [[0; 4]; MAX_HEADERS],
+            count: 0,
+        }
+    }
+}
+
+enum Parsed {
+    /// No whole head yet.
+    Partial,
+    /// A plain `GET` this loop may answer, now in the [`Head`].
+    Get,
+    /// Anything else: hyper reads it (and refuses it, if it must).
+    Hyper,
+}
+
+/// Reads the head at the start of `read` into `head`.
+fn parse(read: &[u8], limits: Limits, head: &mut Head) -> Parsed {
+    let mut headers = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut req,
+        read,
+        &mut headers,
+    );
+    let len = match parsed {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::Hyper,
+    };
+    let (Some("GET"), Some(1), Some(target)) = (req.method, req.version, req.path) else {
+        return Parsed::Hyper;
+    };
+    // Offsets fit: the head is no longer than the limit, which is a `usize` of config
+    // no larger than a u32 (anything else goes to hyper).
+    let Ok(limit) = u32::try_from(limits.head) else {
+        return Parsed::Hyper;
+    };
+    if len > limit as usize || target.len() > limits.target || !target.starts_with('/') {
+        return Parsed::Hyper;
+    }
+    let at = |s: &[u8]| {
+        let start = s.as_ptr() as usize - read.as_ptr() as usize;
+        (start as u32, (start + s.len()) as u32)
+    };
+    head.len = len;
+    head.target = at(target.as_bytes());
+    head.count = req.headers.len();
+    for (slot, h) in head.headers.iter_mut().zip(req.headers.iter()) {
+        if HYPER_HEADERS
+            .iter()
+            .any(|n| n.as_str().eq_ignore_ascii_case(h.name))
+        {
+            return Parsed::Hyper;
+        }
+        let (name, value) = (at(h.name.as_bytes()), at(h.value));
+        *slot = [name.0, name.1, value.0, value.1];
+    }
+    Parsed::Get
+}
+
+impl Head {
+    /// The request as hyper would hand it to a service, its target and values sharing
+    /// `bytes` (the head); `None` when `http` refuses a part of it.
+    fn request(&self, bytes: &Bytes) -> Option<Request<()>> {
+        let range = |from: u32, to: u32| from as usize..to as usize;
+        let uri = Uri::from_maybe_shared(bytes.slice(range(self.target.0, self.target.1))).ok()?;
+        let mut headers = HeaderMap::with_capacity(self.count);
+        for &[n0, n1, v0, v1] in &self.headers[..self.count] {
+            let name = HeaderName::from_bytes(&bytes[range(n0, n1)]).ok()?;
+            let value = HeaderValue::from_maybe_shared(bytes.slice(range(v0, v1))).ok()?;
+            headers.append(name, value);
+        }
+        let mut req = Request::new(());
+        *req.uri_mut() = uri;
+        *req.headers_mut() = headers;
+        Some(req)
+    }
+}
+
+/// What became of an answer handed to [`encode`].
+enum Encoded<B> {
+    /// Written whole into the buffer.
+    Whole,
+    /// Its head and first bytes are in the buffer; the rest of its body is to come.
+    Streaming(Rest<B>),
+    /// Not plain: untouched, for hyper to write.
+    NotPlain(Response<B>),
+    /// Its body failed before a byte was written.
+    Failed,
+}
+
+/// A body of known length with some of it still to write.
+struct Rest<B> {
+    body: B,
+    left: u64,
+}
+
+/// Writes `resp` into `out` as hyper would, if it is plain.
+fn encode<B: Body<Data = Bytes> + Unpin>(mut resp: Response<B>, out: &mut Vec<u8>) -> Encoded<B> {
+    let status = resp.status();
+    let plain = resp.version() == Version::HTTP_11
+        && !status.is_informational()
+        && status != StatusCode::NO_CONTENT
+        && status != StatusCode::NOT_MODIFIED
+        && resp
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .is_none()
+        && !resp.headers().keys().any(|n| {
+            [
+                &header::CONTENT_LENGTH,
+                &header::TRANSFER_ENCODING,
+                &header::CONNECTION,
+                &header::DATE,
+                &header::TRAILER,
+            ]
+            .contains(&n)
+        });
+    let Some(len) = resp.body().size_hint().exact().filter(|_| plain) else {
+        return Encoded::NotPlain(resp);
+    };
+    // The first frame, if the body has it ready; a body that would wait is left whole.
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let first: Option<Bytes> = if len == 0 && resp.body().is_end_stream() {
+        None
+    } else {
+        match std::pin::Pin::new(resp.body_mut()).poll_frame(&mut cx) {
+            Poll::Pending => return Encoded::NotPlain(resp),
+            Poll::Ready(None) => None,
+            Poll::Ready(Some(Ok(frame))) => frame.into_data().ok(),
+            Poll::Ready(Some(Err(_))) => return Encoded::Failed,
+        }
+    };
+    if status == StatusCode::OK {
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in resp.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    decimal(len, out);
+    out.extend_from_slice(b"\r\ndate: ");
+    DATE.with(|d| d.borrow_mut().extend(out));
+    out.extend_from_slice(b"\r\n\r\n");
+    let written = first.as_ref().map_or(0, |b| b.len() as u64);
+    if let Some(data) = first {
+        out.extend_from_slice(&data);
+    }
+    match len.checked_sub(written) {
+        Some(0) => Encoded::Whole,
+        Some(left) => Encoded::Streaming(Rest {
+            body: resp.into_body(),
+            left,
+        }),
+        // More than its length said: the connection cannot be framed any more.
+        None => Encoded::Failed,
+    }
+}
+
+/// Writes what is in `out`, then the rest of a body as it comes; an error (the body's,
+/// or a body that ends short or runs long) ends the connection, as hyper's would.
+async fn stream<B, T>(io: &mut T, out: &mut Vec<u8>, rest: Rest<B>) -> io::Result<()>
+where
+    B: Body<Data = Bytes>,
+    T: AsyncWrite + Unpin,
+{
+    write_out(io, out).await?;
+    let Rest { body, mut left } = rest;
+    let mut body = pin!(body);
+    while left > 0 {
+        let frame = match body.frame().await {
+            Some(Ok(frame)) => frame,
+            _ => {
+                return Err(io::Error::other(
+                    "the answer's body ended before its length",
+                ));
+            }
+        };
+        if let Ok(data) = Frame::into_data(frame) {
+            left = left
+                .checked_sub(data.len() as u64)
+                .ok_or_else(|| io::Error::other("the answer's body ran past its length"))?;
+            io.write_all(&data).await?;
+        }
+    }
+    io.flush().await
+}
+
+/// `n` in decimal.
+fn decimal(n: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+thread_local! {
+    static DATE: RefCell<CachedDate> = const { RefCell::new(CachedDate { second: 0, value: [0; 29] }) };
+}
+
+/// The `date` value of the current second, formatted once a second per thread.
+struct CachedDate {
+    second: u64,
+    value: [u8; 29],
+}
+
+impl CachedDate {
+    fn extend(&mut self, out: &mut Vec<u8>) {
+        let now = SystemTime::now();
+        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        if second != self.second {
+            let formatted = httpdate::fmt_http_date(now);
+            if formatted.len() == self.value.len() {
+                self.value.copy_from_slice(formatted.as_bytes());
+                self.second = second;
+            } else {
+                out.extend_from_slice(formatted.as_bytes());
+                return;
+            }
+        }
+        out.extend_from_slice(&self.value);
+    }
+}
+
+#[cfg(test)]
+mod tests;
