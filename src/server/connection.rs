@@ -313,6 +313,9 @@ pub(super) struct Signal<'a> {
     flag: Arc<WakeFlag>,
     waker: Waker,
     fired: bool,
+    /// The task's waker as last registered: a task polled again with the same one (as
+    /// a connection's task always is) is not registered again.
+    task: Option<Waker>,
 }
 
 impl<'a> Signal<'a> {
@@ -326,6 +329,7 @@ impl<'a> Signal<'a> {
             waker: Waker::from(Arc::clone(&flag)),
             flag,
             fired: false,
+            task: None,
         }
     }
 
@@ -334,7 +338,10 @@ impl<'a> Signal<'a> {
         if self.fired {
             return true;
         }
-        self.flag.task.register(cx.waker());
+        if !self.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+            self.flag.task.register(cx.waker());
+            self.task = Some(cx.waker().clone());
+        }
         if self.flag.woken.swap(false, Ordering::AcqRel)
             && self
                 .future

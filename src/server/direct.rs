@@ -94,6 +94,8 @@ where
     // Bytes of `read` already known to hold no whole head.
     let mut scanned = 0;
     let mut head = Head::default();
+    // The request's header map, kept from one request to the next with its room.
+    let mut headers = HeaderMap::new();
     let mut deadline = Instant::now() + limits.header_read;
     let mut timer = pin!(tokio::time::sleep_until(deadline));
     loop {
@@ -112,16 +114,17 @@ where
             }
             scanned = 0;
             let head_bytes = read.split_to(head.len).freeze();
-            let Some(req) = head.request(&head_bytes) else {
+            let Some(req) = head.request(&head_bytes, std::mem::take(&mut headers)) else {
                 put_back(&mut read, &head_bytes);
                 return hand_over(io, &mut out, read, None, listener, peer).await;
             };
-            let Some(resp) = handler.answer_now(&req, peer) else {
-                drop(req);
+            let answer = handler.answer_now(&req, peer);
+            headers = req.into_parts().0.headers;
+            headers.clear();
+            let Some(resp) = answer else {
                 put_back(&mut read, &head_bytes);
                 return hand_over(io, &mut out, read, None, listener, peer).await;
             };
-            drop(req);
             match encode(resp, &mut out) {
                 Encoded::Whole => {}
                 Encoded::Streaming(rest) => {
@@ -335,11 +338,12 @@ fn parse(read: &[u8], limits: Limits, head: &mut Head) -> Parsed {
 
 impl Head {
     /// The request as hyper would hand it to a service, its target and values sharing
-    /// `bytes` (the head); `None` when `http` refuses a part of it.
-    fn request(&self, bytes: &Bytes) -> Option<Request<()>> {
+    /// `bytes` (the head), its headers in `headers` (empty); `None` when `http`
+    /// refuses a part of it.
+    fn request(&self, bytes: &Bytes, mut headers: HeaderMap) -> Option<Request<()>> {
         let range = |from: u32, to: u32| from as usize..to as usize;
         let uri = Uri::from_maybe_shared(bytes.slice(range(self.target.0, self.target.1))).ok()?;
-        let mut headers = HeaderMap::with_capacity(self.count);
+        headers.reserve(self.count);
         for &[n0, n1, v0, v1] in &self.headers[..self.count] {
             let name = HeaderName::from_bytes(&bytes[range(n0, n1)]).ok()?;
             let value = HeaderValue::from_maybe_shared(bytes.slice(range(v0, v1))).ok()?;
