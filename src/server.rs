@@ -69,6 +69,19 @@ pub trait Handler: Send + Sync + 'static {
         let _ = (req, peer);
         None
     }
+
+    /// Answers a request the server read itself (a plain `GET`, with no body) that
+    /// [`Handler::answer_now`] did not answer, if this handler serves such requests;
+    /// `None` hands the request to hyper, which asks [`Handler::call`]. The request
+    /// carries a [`ConnectionInfo`] as hyper's do.
+    fn call_head(
+        &self,
+        req: Request<()>,
+        peer: SocketAddr,
+    ) -> Option<impl Future<Output = Response<Self::Body>> + Send + '_> {
+        let _ = (req, peer);
+        None::<std::future::Pending<Response<Self::Body>>>
+    }
 }
 
 /// Settings of one listener.

@@ -35,7 +35,15 @@ impl Handler for DataPlane {
         req: http::Request<Incoming>,
         peer: SocketAddr,
     ) -> impl Future<Output = http::Response<ProxyBody>> + Send {
-        self.0.handle(req, peer)
+        self.0.handle(req.map(Some), peer)
+    }
+
+    fn call_head(
+        &self,
+        req: http::Request<()>,
+        peer: SocketAddr,
+    ) -> Option<impl Future<Output = http::Response<ProxyBody>> + Send + '_> {
+        Some(self.0.handle(req.map(|()| None), peer))
     }
 
     const ANSWERS_AT_ONCE: bool = true;

@@ -96,7 +96,11 @@ impl Proxy {
     }
 
     /// Answers one request.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    pub async fn handle(
+        &self,
+        req: Request<Option<Incoming>>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
         let pipeline = self.current.load();
         pipeline.handle(req, peer).await
     }
@@ -180,7 +184,7 @@ impl Pipeline {
     /// into place, so the levels above [`Pipeline::serve`] add as little as they can.
     pub fn handle(
         &self,
-        req: Request<Incoming>,
+        req: Request<Option<Incoming>>,
         peer: SocketAddr,
     ) -> impl Future<Output = Response<ProxyBody>> + Send + '_ {
         match &self.edge.access_log {
@@ -247,7 +251,7 @@ impl Pipeline {
     async fn handle_logged(
         &self,
         log: &AccessLog,
-        req: Request<Incoming>,
+        req: Request<Option<Incoming>>,
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
@@ -272,7 +276,7 @@ impl Pipeline {
     /// `client` is the client's address if the caller has worked it out already.
     async fn serve(
         &self,
-        req: Request<Incoming>,
+        req: Request<Option<Incoming>>,
         peer: SocketAddr,
         mut client: Option<IpAddr>,
     ) -> (Response<ProxyBody>, &'static str, Option<&str>) {
@@ -306,7 +310,7 @@ impl Pipeline {
     /// write-through rule that matches it.
     async fn bypass(
         &self,
-        req: Request<Incoming>,
+        req: Request<Option<Incoming>>,
         peer: SocketAddr,
         show: bool,
     ) -> Response<ProxyBody> {

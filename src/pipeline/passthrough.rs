@@ -11,7 +11,7 @@ use http::header::{
 };
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, Version};
-use http_body_util::Either;
+use http_body_util::{Either, Empty};
 use hyper::body::Incoming;
 
 use crate::origin::client::{self, Upstream};
@@ -45,7 +45,7 @@ static HOP_BY_HOP: [HeaderName; 9] = [
 /// proxies whose forwarded headers are kept.
 pub async fn forward(
     upstream: Option<&Upstream>,
-    req: Request<Incoming>,
+    req: Request<Option<Incoming>>,
     peer: SocketAddr,
     max_body: u64,
     metrics: &PassthroughMetrics,
@@ -69,7 +69,7 @@ pub async fn forward(
 
 async fn forward_inner(
     upstream: &Upstream,
-    req: Request<Incoming>,
+    req: Request<Option<Incoming>>,
     peer: SocketAddr,
     max_body: u64,
     trusted: &Cidrs,
@@ -93,7 +93,11 @@ async fn forward_inner(
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded(&mut parts.headers, peer, trusted, tls);
     let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
-    let upstream_req = Request::from_parts(parts, client::client_body(body, limit));
+    let body = match body {
+        Some(body) => client::client_body(body, limit),
+        None => Either::Left(Empty::new()),
+    };
+    let upstream_req = Request::from_parts(parts, body);
     let resp = upstream.send(upstream_req).await?;
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);

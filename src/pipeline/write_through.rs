@@ -11,7 +11,6 @@ use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full, Limited};
-use hyper::body::Incoming;
 use percent_encoding::percent_decode_str;
 use prometheus::IntCounter;
 
@@ -131,9 +130,9 @@ impl WriteThrough {
 /// The first rule matching the request's method and canonical path (every spelling of a
 /// write path counts), with the path segment (owned, percent-decoded) when the rule
 /// takes its key from there.
-pub fn matching<'r>(
+pub fn matching<'r, B>(
     rules: &'r [WriteThrough],
-    req: &Request<Incoming>,
+    req: &Request<B>,
 ) -> Option<(&'r WriteThrough, Option<String>)> {
     if !rules.iter().any(|r| r.methods.contains(req.method())) {
         return None;

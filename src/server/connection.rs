@@ -227,6 +227,7 @@ async fn serve_http1<H, T>(
             &*shared.handler,
             &mut io,
             peer,
+            info,
             limits,
             &mut closing,
             shared.name,

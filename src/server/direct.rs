@@ -29,8 +29,8 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
-use super::Handler;
 use super::connection::Signal;
+use super::{ConnectionInfo, Handler};
 use bloomgate_core::report::Chain;
 
 /// What a connection hands to hyper once this loop stops answering.
@@ -60,6 +60,9 @@ const MAX_HEADERS: usize = 32;
 /// Room the read buffer starts with, as hyper's.
 const READ_BUFFER: usize = 8192;
 
+/// A body that streams is written whenever this much of it waits in the buffer.
+const FLUSH_AT: usize = 16 * 1024;
+
 /// An answer buffer grown past this is let go after its write, not kept for the next.
 const KEEP_WRITE_BUFFER: usize = 64 * 1024;
 
@@ -81,6 +84,7 @@ pub(super) async fn serve<H, T>(
     handler: &H,
     io: &mut T,
     peer: SocketAddr,
+    info: ConnectionInfo,
     limits: Limits,
     closing: &mut Signal<'_>,
     listener: &'static str,
@@ -118,17 +122,35 @@ where
                 put_back(&mut read, &head_bytes);
                 return hand_over(io, &mut out, read, None, listener, peer).await;
             };
-            let answer = handler.answer_now(&req, peer);
-            headers = req.into_parts().0.headers;
-            headers.clear();
-            let Some(resp) = answer else {
-                put_back(&mut read, &head_bytes);
-                return hand_over(io, &mut out, read, None, listener, peer).await;
+            let resp = match handler.answer_now(&req, peer) {
+                Some(resp) => {
+                    headers = req.into_parts().0.headers;
+                    headers.clear();
+                    resp
+                }
+                None => {
+                    let mut req = req;
+                    req.extensions_mut().insert(info);
+                    let Some(waiting) = handler.call_head(req, peer) else {
+                        put_back(&mut read, &head_bytes);
+                        return hand_over(io, &mut out, read, None, listener, peer).await;
+                    };
+                    // What is answered already goes out before the wait.
+                    if !out.is_empty()
+                        && let Err(e) = write_out(io, &mut out).await
+                    {
+                        tracing::debug!(listener, %peer, error = %Chain(&e), "answer not written");
+                        return None;
+                    }
+                    // Boxed: the handler's future for a request that waits is thousands
+                    // of bytes, and inlined it would grow every connection's task.
+                    Box::pin(waiting).await
+                }
             };
             match encode(resp, &mut out) {
                 Encoded::Whole => {}
                 Encoded::Streaming(rest) => {
-                    if let Err(e) = stream(io, &mut out, rest).await {
+                    if let Err(e) = fill(io, &mut out, rest).await {
                         tracing::debug!(listener, %peer, error = %Chain(&e), "answer not written");
                         return None;
                     }
@@ -139,6 +161,7 @@ where
                 }
                 Encoded::Failed => {
                     tracing::debug!(listener, %peer, "answer body failed; closing");
+                    let _ = write_out(io, &mut out).await;
                     return None;
                 }
             }
@@ -372,9 +395,12 @@ enum Encoded<B> {
 struct Rest<B> {
     body: B,
     left: u64,
+    /// Whether some of the body is in the buffer already.
+    started: bool,
 }
 
-/// Writes `resp` into `out` as hyper would, if it is plain.
+/// Writes `resp` into `out` as hyper would, if it is plain: what of its body is ready
+/// at once, the rest for [`fill`].
 fn encode<B: Body<Data = Bytes> + Unpin>(mut resp: Response<B>, out: &mut Vec<u8>) -> Encoded<B> {
     let status = resp.status();
     let plain = resp.version() == Version::HTTP_11
@@ -384,30 +410,41 @@ fn encode<B: Body<Data = Bytes> + Unpin>(mut resp: Response<B>, out: &mut Vec<u8
         && resp
             .extensions()
             .get::<hyper::ext::ReasonPhrase>()
-            .is_none()
-        && !resp.headers().keys().any(|n| {
-            [
-                &header::CONTENT_LENGTH,
-                &header::TRANSFER_ENCODING,
-                &header::CONNECTION,
-                &header::DATE,
-                &header::TRAILER,
-            ]
-            .contains(&n)
-        });
+            .is_none();
     let Some(len) = resp.body().size_hint().exact().filter(|_| plain) else {
         return Encoded::NotPlain(resp);
     };
-    // The first frame, if the body has it ready; a body that would wait is left whole.
+    // A length the answer states itself is written where it stands, as hyper does, when
+    // it is the body's; a date of its own replaces the server's.
+    let (mut stated, mut dated) = (false, false);
+    for (name, value) in resp.headers() {
+        match *name {
+            header::CONNECTION | header::TRANSFER_ENCODING | header::TRAILER => {
+                return Encoded::NotPlain(resp);
+            }
+            header::CONTENT_LENGTH => {
+                let this = std::str::from_utf8(value.as_bytes())
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok());
+                if stated || this != Some(len) {
+                    return Encoded::NotPlain(resp);
+                }
+                stated = true;
+            }
+            header::DATE => dated = true,
+            _ => {}
+        }
+    }
+    // The first frame, if the body has it ready.
     let mut cx = Context::from_waker(std::task::Waker::noop());
     let first: Option<Bytes> = if len == 0 && resp.body().is_end_stream() {
         None
     } else {
         match std::pin::Pin::new(resp.body_mut()).poll_frame(&mut cx) {
-            Poll::Pending => return Encoded::NotPlain(resp),
-            Poll::Ready(None) => None,
+            Poll::Pending => None,
+            Poll::Ready(None) if len == 0 => None,
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => return Encoded::Failed,
             Poll::Ready(Some(Ok(frame))) => frame.into_data().ok(),
-            Poll::Ready(Some(Err(_))) => return Encoded::Failed,
         }
     };
     if status == StatusCode::OK {
@@ -425,11 +462,17 @@ fn encode<B: Body<Data = Bytes> + Unpin>(mut resp: Response<B>, out: &mut Vec<u8
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"content-length: ");
-    decimal(len, out);
-    out.extend_from_slice(b"\r\ndate: ");
-    DATE.with(|d| d.borrow_mut().extend(out));
-    out.extend_from_slice(b"\r\n\r\n");
+    if !stated {
+        out.extend_from_slice(b"content-length: ");
+        decimal(len, out);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !dated {
+        out.extend_from_slice(b"date: ");
+        DATE.with(|d| d.borrow_mut().extend(out));
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
     let written = first.as_ref().map_or(0, |b| b.len() as u64);
     if let Some(data) = first {
         out.extend_from_slice(&data);
@@ -439,39 +482,62 @@ fn encode<B: Body<Data = Bytes> + Unpin>(mut resp: Response<B>, out: &mut Vec<u8
         Some(left) => Encoded::Streaming(Rest {
             body: resp.into_body(),
             left,
+            started: written > 0,
         }),
         // More than its length said: the connection cannot be framed any more.
         None => Encoded::Failed,
     }
 }
 
-/// Writes what is in `out`, then the rest of a body as it comes; an error (the body's,
-/// or a body that ends short or runs long) ends the connection, as hyper's would.
-async fn stream<B, T>(io: &mut T, out: &mut Vec<u8>, rest: Rest<B>) -> io::Result<()>
+/// Adds the rest of a body to `out` as it comes, and writes `out` whenever the next
+/// frame is not ready (or more than [`FLUSH_AT`] waits): frames that come together go
+/// out together, and a body that trickles is not held back. When none of the body was
+/// ready with the head, the first frame is awaited before the head is written, so that
+/// an answer whose body follows its head closely takes one write. An error (the
+/// body's, or a body that ends short or runs long) ends the connection, as hyper's would.
+async fn fill<B, T>(io: &mut T, out: &mut Vec<u8>, rest: Rest<B>) -> io::Result<()>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin,
     T: AsyncWrite + Unpin,
 {
-    write_out(io, out).await?;
-    let Rest { body, mut left } = rest;
-    let mut body = pin!(body);
+    let Rest {
+        mut body,
+        mut left,
+        mut started,
+    } = rest;
     while left > 0 {
-        let frame = match body.frame().await {
-            Some(Ok(frame)) => frame,
-            _ => {
-                return Err(io::Error::other(
-                    "the answer's body ended before its length",
-                ));
+        // The body's error is dropped at once: it need not be `Send` to be held here.
+        let at_once = Context::from_waker(std::task::Waker::noop());
+        let ready = match std::pin::Pin::new(&mut body).poll_frame(&mut { at_once }) {
+            Poll::Ready(frame) => Some(frame.map(|f| f.map_err(drop))),
+            Poll::Pending => None,
+        };
+        let frame = match ready {
+            Some(frame) => frame,
+            None => {
+                if started {
+                    write_out(io, out).await?;
+                }
+                body.frame().await.map(|f| f.map_err(drop))
             }
+        };
+        let Some(Ok(frame)) = frame else {
+            return Err(io::Error::other(
+                "the answer's body ended before its length",
+            ));
         };
         if let Ok(data) = Frame::into_data(frame) {
             left = left
                 .checked_sub(data.len() as u64)
                 .ok_or_else(|| io::Error::other("the answer's body ran past its length"))?;
-            io.write_all(&data).await?;
+            out.extend_from_slice(&data);
+            started = true;
+            if out.len() > FLUSH_AT {
+                write_out(io, out).await?;
+            }
         }
     }
-    io.flush().await
+    Ok(())
 }
 
 /// `n` in decimal.

@@ -6,8 +6,8 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use hyper::body::Incoming;
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use crate::server::{Handler, ServeOptions, Transport, serve};
 
@@ -29,6 +29,21 @@ use crate::server::{Handler, ServeOptions, Transport, serve};
 struct Answers<const DIRECT: bool> {
     /// `answer_now` calls made with a head the loop read (`Request<()>`).
     direct: AtomicUsize,
+    /// The rest of the body of the next `/later/gated` answer, when the test sends it.
+    gate: Mutex<Option<oneshot::Receiver<Bytes>>>,
+}
+
+impl<const DIRECT: bool> Answers<DIRECT> {
+    fn new() -> Answers<DIRECT> {
+        Answers {
+            direct: AtomicUsize::new(0),
+            gate: Mutex::new(None),
+        }
+    }
+
+    fn gate(&self) -> Option<oneshot::Receiver<Bytes>> {
+        self.gate.lock().expect("lock").take()
+    }
 }
 
 type TestBody = Either<Full<Bytes>, Odd>;
@@ -38,8 +53,16 @@ impl<const DIRECT: bool> Handler for Answers<DIRECT> {
     const ANSWERS_AT_ONCE: bool = DIRECT;
 
     async fn call(&self, req: Request<Incoming>, _peer: SocketAddr) -> Response<TestBody> {
-        let said = format!("waited for {} {}", req.method(), req.uri());
-        Response::new(Either::Left(Full::new(Bytes::from(said))))
+        waited(&req, self.gate()).await
+    }
+
+    fn call_head(
+        &self,
+        req: Request<()>,
+        _peer: SocketAddr,
+    ) -> Option<impl Future<Output = Response<TestBody>> + Send + '_> {
+        let gate = self.gate();
+        Some(async move { waited(&req, gate).await })
     }
 
     fn answer_now<B>(&self, req: &Request<B>, _peer: SocketAddr) -> Option<Response<TestBody>> {
@@ -72,7 +95,9 @@ impl<const DIRECT: bool> Handler for Answers<DIRECT> {
                 resp
             }
             "/pending" => Response::new(Either::Right(Odd::pending("came later"))),
-            "/unsized" => Response::new(Either::Right(Odd::unknown_length("of no stated length"))),
+            "/unknown-length" => {
+                Response::new(Either::Right(Odd::unknown_length("of no stated length")))
+            }
             "/in-pieces" => Response::new(Either::Right(Odd::pieces(&["first, ", "second"]))),
             _ => {
                 let mut resp = full(StatusCode::NOT_FOUND, &format!("refused {}", req.uri()));
@@ -88,13 +113,49 @@ impl<const DIRECT: bool> Handler for Answers<DIRECT> {
     }
 }
 
+/// The answer to a request that waits: after a yield, a body of its own kind.
+async fn waited<B>(req: &Request<B>, gate: Option<oneshot::Receiver<Bytes>>) -> Response<TestBody> {
+    tokio::task::yield_now().await;
+    let said = format!("waited for {} {}", req.method(), req.uri());
+    let body = match req.uri().path() {
+        "/later/pending" => Either::Right(Odd::pending("came later")),
+        "/later/unknown-length" => Either::Right(Odd::unknown_length("of no stated length")),
+        "/later/trickled" => Either::Right(Odd::trickled(&["one, ", "two, ", "three"])),
+        "/later/gated" => Either::Right(Odd {
+            gate: gate.map(|g| (g, GATED.len() as u64)),
+            ..Odd::pieces(&["before the gate; "])
+        }),
+        _ => Either::Left(Full::new(Bytes::from(said))),
+    };
+    let mut resp = Response::new(body);
+    if req.uri().path() == "/later/dated" {
+        resp.headers_mut().insert(
+            "date",
+            http::HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
+        );
+    }
+    if req.uri().path() == "/later/stated-length" {
+        let len = resp.body().size_hint().exact().unwrap_or(0);
+        resp.headers_mut()
+            .insert("content-length", http::HeaderValue::from(len));
+    }
+    resp
+}
+
 /// A body that is not a ready `Full`: pending on its first poll, of unknown length, or
 /// in several frames.
 struct Odd {
     frames: Vec<Bytes>,
     pending_once: bool,
     sized: bool,
+    /// Pending before every frame, not only the first.
+    trickles: bool,
+    /// A last frame of the given length that comes when the test sends it.
+    gate: Option<(oneshot::Receiver<Bytes>, u64)>,
 }
+
+/// What the test sends through an answer's gate.
+const GATED: &str = "after the gate";
 
 impl Odd {
     fn pending(s: &'static str) -> Odd {
@@ -102,6 +163,8 @@ impl Odd {
             frames: vec![Bytes::from_static(s.as_bytes())],
             pending_once: true,
             sized: true,
+            trickles: false,
+            gate: None,
         }
     }
     fn unknown_length(s: &'static str) -> Odd {
@@ -109,6 +172,8 @@ impl Odd {
             frames: vec![Bytes::from_static(s.as_bytes())],
             pending_once: false,
             sized: false,
+            trickles: false,
+            gate: None,
         }
     }
     fn pieces(p: &[&'static str]) -> Odd {
@@ -120,6 +185,15 @@ impl Odd {
                 .collect(),
             pending_once: false,
             sized: true,
+            trickles: false,
+            gate: None,
+        }
+    }
+    fn trickled(p: &[&'static str]) -> Odd {
+        Odd {
+            pending_once: true,
+            trickles: true,
+            ..Odd::pieces(p)
         }
     }
 }
@@ -138,19 +212,28 @@ impl Body for Odd {
             return Poll::Pending;
         }
         // `pieces` keeps its frames reversed: the next is last.
+        self.pending_once = self.trickles;
+        if self.frames.is_empty()
+            && let Some((gate, _)) = &mut self.gate
+        {
+            let sent = std::task::ready!(Pin::new(gate).poll(cx));
+            self.gate = None;
+            return Poll::Ready(sent.ok().map(|b| Ok(Frame::data(b))));
+        }
         Poll::Ready(self.frames.pop().map(|b| Ok(Frame::data(b))))
     }
 
     fn size_hint(&self) -> SizeHint {
         if self.sized {
-            SizeHint::with_exact(self.frames.iter().map(|b| b.len() as u64).sum())
+            let gated = self.gate.as_ref().map_or(0, |(_, len)| *len);
+            SizeHint::with_exact(self.frames.iter().map(|b| b.len() as u64).sum::<u64>() + gated)
         } else {
             SizeHint::default()
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.frames.is_empty()
+        self.frames.is_empty() && self.gate.is_none()
     }
 }
 
@@ -230,9 +313,14 @@ fn open_request() -> impl Strategy<Value = String> {
         Just("/now/teapot".to_owned()),
         Just("/now/odd-status".to_owned()),
         Just("/now/pending".to_owned()),
-        Just("/now/unsized".to_owned()),
+        Just("/now/unknown-length".to_owned()),
         Just("/now/in-pieces".to_owned()),
         Just("/later/1".to_owned()),
+        Just("/later/pending".to_owned()),
+        Just("/later/unknown-length".to_owned()),
+        Just("/later/trickled".to_owned()),
+        Just("/later/dated".to_owned()),
+        Just("/later/stated-length".to_owned()),
         Just("/now/%zz".to_owned()),
         // Bytes past ASCII: httparse and `http` take them, as hyper does.
         Just("/now/caf\u{e9}".to_owned()),
@@ -297,7 +385,7 @@ fn cut(requests: &[String], cuts: &[usize]) -> Vec<Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// Whatever the requests and however they arrive, the loop in front sends what
     /// hyper alone sends.
@@ -309,9 +397,9 @@ proptest! {
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let (direct, alone, looped) = rt.block_on(async {
-            let looped = Arc::new(Answers::<true> { direct: AtomicUsize::new(0) });
+            let looped = Arc::new(Answers::<true>::new());
             let (a, _stop_a, _) = start(Arc::clone(&looped), options()).await;
-            let (b, _stop_b, _) = start(Arc::new(Answers::<false> { direct: AtomicUsize::new(0) }), options()).await;
+            let (b, _stop_b, _) = start(Arc::new(Answers::<false>::new()), options()).await;
             let mut requests = open.clone();
             requests.push(last.clone());
             let pieces = cut(&requests, &cuts);
@@ -338,13 +426,91 @@ proptest! {
     }
 }
 
+/// Every kind of answer, each to a plain `GET` the loop reads (answered at once or after
+/// a wait, with bodies ready, late, trickled, of unknown length, with a length or a date
+/// of their own), is written as hyper writes it, and the loop read each head.
+#[tokio::test]
+async fn every_kind_of_answer_is_written_as_hyper_writes_it() {
+    let targets = [
+        "/now/refused/1",
+        "/now/empty",
+        "/now/no-content",
+        "/now/teapot",
+        "/now/odd-status",
+        "/now/close",
+        "/now/pending",
+        "/now/unknown-length",
+        "/now/in-pieces",
+        "/later/1",
+        "/later/pending",
+        "/later/unknown-length",
+        "/later/trickled",
+        "/later/dated",
+        "/later/stated-length",
+    ];
+    for target in targets {
+        let looped = Arc::new(Answers::<true>::new());
+        let (a, _stop_a, _) = start(Arc::clone(&looped), options()).await;
+        let (b, _stop_b, _) = start(Arc::new(Answers::<false>::new()), options()).await;
+        let sent = format!(
+            "GET {target} HTTP/1.1\r\nHost: t\r\n\r\nGET {target} HTTP/1.1\r\nHost: t\r\n\r\n\
+             GET /now/refused/end HTTP/1.1\r\nConnection: close\r\n\r\n"
+        );
+        let direct = exchange(a, &[sent.clone().into_bytes()]).await;
+        let alone = exchange(b, &[sent.into_bytes()]).await;
+        assert!(!alone.is_empty(), "{target}: hyper answered nothing");
+        assert_eq!(undated(&direct), undated(&alone), "{target}");
+        assert!(
+            looped.direct.load(Ordering::Relaxed) >= 1,
+            "{target}: not read by the loop"
+        );
+    }
+}
+
+/// A body that stops part way is not held back: what came before the stop reaches the
+/// client while the rest waits, and the rest follows when it comes.
+#[tokio::test]
+async fn a_body_that_stops_part_way_is_written_up_to_the_stop() {
+    let looped = Arc::new(Answers::<true>::new());
+    let (addr, _stop, _) = start(Arc::clone(&looped), options()).await;
+    let (release, gate) = oneshot::channel();
+    *looped.gate.lock().expect("lock") = Some(gate);
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(b"GET /later/gated HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).ends_with("before the gate; ") {
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+            .await
+            .expect("the part before the gate was held back")
+            .expect("read");
+        assert!(n > 0, "closed early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("content-length: 31\r\n"), "{text}");
+    release
+        .send(Bytes::from_static(GATED.as_bytes()))
+        .expect("release");
+    while !String::from_utf8_lossy(&seen).ends_with(GATED) {
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+            .await
+            .expect("the rest")
+            .expect("read");
+        assert!(n > 0, "closed early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(looped.direct.load(Ordering::Relaxed) >= 1);
+}
+
 /// Plain refusals, pipelined in one write and sent a byte at a time: the loop answers
 /// every one itself, in order.
 #[tokio::test]
 async fn pipelined_and_trickled_heads_are_all_answered_by_the_loop() {
-    let looped = Arc::new(Answers::<true> {
-        direct: AtomicUsize::new(0),
-    });
+    let looped = Arc::new(Answers::<true>::new());
     let (addr, _stop, _) = start(Arc::clone(&looped), options()).await;
     let mut requests: Vec<String> = (0..20)
         .map(|i| format!("GET /now/refused/{i} HTTP/1.1\r\nHost: t\r\n\r\n"))
@@ -392,13 +558,7 @@ async fn the_header_read_timeout_closes_idle_and_slow_connections() {
         header_read_timeout: timeout,
         ..options()
     };
-    let (addr, _stop, _) = start(
-        Arc::new(Answers::<true> {
-            direct: AtomicUsize::new(0),
-        }),
-        opts,
-    )
-    .await;
+    let (addr, _stop, _) = start(Arc::new(Answers::<true>::new()), opts).await;
 
     let closed_within = |mut conn: TcpStream, bound: Duration| async move {
         let mut buf = Vec::new();
@@ -455,9 +615,7 @@ async fn the_header_read_timeout_closes_idle_and_slow_connections() {
 #[tokio::test]
 async fn shutdown_closes_an_idle_connection_the_loop_holds() {
     let (addr, stop, served) = start(
-        Arc::new(Answers::<true> {
-            direct: AtomicUsize::new(0),
-        }),
+        Arc::new(Answers::<true>::new()),
         ServeOptions {
             header_read_timeout: Duration::from_secs(30),
             grace: Duration::from_secs(10),
