@@ -11,7 +11,8 @@
 //! This file holds the accept loop, the bound on open connections and draining at
 //! shutdown; `connection` serves one accepted connection, `direct` answers the plain
 //! HTTP/1.1 requests a handler answers at once before hyper, `long_target` is the 414 the
-//! server makes itself, `per_core` the thread-per-core serving, `sniff` the cleartext
+//! server makes itself, `per_core` the thread-per-core serving, `signal` the closing signal a connection
+//! polls only when it fires, `sniff` the cleartext
 //! protocol detection, `tls` the TLS acceptor, `metrics` the connection counts.
 
 mod connection;
@@ -19,6 +20,7 @@ mod direct;
 mod long_target;
 pub mod metrics;
 mod per_core;
+mod signal;
 mod sniff;
 pub mod tls;
 

@@ -95,7 +95,8 @@ impl Proxy {
         self.current.load_full()
     }
 
-    /// Answers one request.
+    /// Answers one request. Its body is hyper's, or `None` for a request the server
+    /// read itself (a `GET`, which has none).
     pub async fn handle(
         &self,
         req: Request<Option<Incoming>>,

@@ -1,22 +1,21 @@
 //! One accepted connection, from its TLS handshake or protocol detection to its end:
 //! what every connection of a listener shares ([`Listener`]: the handler, the HTTP/1.1
 //! and HTTP/2 builders with their head limits and timeouts), the hand-off to HTTP/1.1 or
-//! HTTP/2 (ALPN on TLS, the preface in cleartext), the service that answers at once what
-//! needs no waiting and puts a [`ConnectionInfo`] in each request that waits, and the
-//! watch that closes the connection gracefully on shutdown or when it sits idle. Accepting and the bound on open
-//! connections are the parent's.
+//! HTTP/2 (ALPN on TLS, the preface in cleartext), an HTTP/1.1 connection's start in
+//! the server's own loop (`direct`) and its hand-off to hyper, the service that answers
+//! at once what needs no waiting and puts a [`ConnectionInfo`] in each request that
+//! waits, and the watch that closes the connection gracefully on shutdown or when it
+//! sits idle. Accepting and the bound on open connections are the parent's.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::future;
-use futures_util::task::AtomicWaker;
 use http::{Request, Response};
 use http_body_util::Either;
 use hyper::body::Incoming;
@@ -30,6 +29,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use super::direct::{self, Handoff, Limits};
 use super::long_target::{ServedBody, refuse_long_target};
 use super::metrics::HandshakeFailure;
+use super::signal::Signal;
 use super::sniff::{self, Prefixed, Spoken};
 use super::tls::{self, Tls};
 use super::{ConnectionInfo, ConnectionMetrics, Handler, Protocol, ServeOptions, Transport};
@@ -196,8 +196,9 @@ async fn serve_tls<H: Handler>(
     }
 }
 
-/// An HTTP/1.1 connection: requests answered at once are answered directly (see
-/// `direct`) until the first that hyper must read; from that one on, hyper serves it.
+/// An HTTP/1.1 connection: plain `GET`s are read and answered by the server's own loop
+/// (see `direct`) until the first request that hyper must read; from that one on,
+/// hyper serves it.
 async fn serve_http1<H, T>(
     shared: &Arc<Listener<H>>,
     mut io: T,
@@ -302,75 +303,6 @@ where
     if let Err(e) = ended {
         let e = e.into();
         tracing::debug!(listener = name, %peer, error = %Chain(&*e), "connection ended with an error");
-    }
-}
-
-/// A signal (the connection's closing) polled only after it has woken the task, not
-/// each time the connection is: polling the shutdown watch takes its lock, which every
-/// connection of every serving thread shares (docs/BENCHMARKS.md: 3% of a refusal's
-/// CPU).
-pub(super) struct Signal<'a> {
-    future: Pin<&'a mut (dyn Future<Output = ()> + Send + 'a)>,
-    flag: Arc<WakeFlag>,
-    waker: Waker,
-    fired: bool,
-    /// The task's waker as last registered: a task polled again with the same one (as
-    /// a connection's task always is) is not registered again.
-    task: Option<Waker>,
-}
-
-impl<'a> Signal<'a> {
-    fn new(future: Pin<&'a mut (dyn Future<Output = ()> + Send + 'a)>) -> Signal<'a> {
-        let flag = Arc::new(WakeFlag {
-            woken: AtomicBool::new(true),
-            task: AtomicWaker::new(),
-        });
-        Signal {
-            future,
-            waker: Waker::from(Arc::clone(&flag)),
-            flag,
-            fired: false,
-            task: None,
-        }
-    }
-
-    /// Whether the signal has fired; until it has, the task of `cx` is woken when it may.
-    pub(super) fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.fired {
-            return true;
-        }
-        if !self.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
-            self.flag.task.register(cx.waker());
-            self.task = Some(cx.waker().clone());
-        }
-        if self.flag.woken.swap(false, Ordering::AcqRel)
-            && self
-                .future
-                .as_mut()
-                .poll(&mut Context::from_waker(&self.waker))
-                .is_ready()
-        {
-            self.fired = true;
-        }
-        self.fired
-    }
-}
-
-/// The waker `drive` polls its closing signal with: it marks the signal woken and wakes
-/// the connection's task.
-struct WakeFlag {
-    woken: AtomicBool,
-    task: AtomicWaker,
-}
-
-impl Wake for WakeFlag {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::Release);
-        self.task.wake();
     }
 }
 

@@ -1,18 +1,19 @@
-//! HTTP/1.1 requests answered before hyper sees them. An HTTP/1.1 connection starts
-//! here: each request head is read with httparse (the parser hyper itself uses, with
-//! hyper's settings), and a plain `GET` the handler answers at once
-//! ([`Handler::answer_now`]: a refusal, a cache hit) is answered and written here, with
-//! no dispatcher, no body and no future per request. Everything else goes to hyper, with
+//! HTTP/1.1 requests read and answered without hyper's server. An HTTP/1.1 connection
+//! starts here: each request head is read with httparse (the parser hyper itself uses,
+//! with hyper's settings), and a plain `GET` (HTTP/1.1, no body, no connection header)
+//! is answered here: at once when the handler can ([`Handler::answer_now`]: a refusal, a
+//! cache hit), else through [`Handler::call_head`] (a miss, a pass-through), with no
+//! dispatcher and no body of hyper's per request. Everything else goes to hyper, with
 //! the bytes already read put back in front ([`Handoff`]): a request with a body or a
-//! connection header, `HEAD`, HTTP/1.0, anything httparse or `http` refuses, a head
-//! over the size limit or with a long target (hyper and the server answer 431, 400,
-//! 414 as always), and a request the handler waits for. From the first request handed
-//! over, the connection stays with hyper.
+//! connection header, `HEAD` and other methods, HTTP/1.0, anything httparse or `http`
+//! refuses, a head over the size limit or with a long target (hyper and the server
+//! answer 431, 400, 414 as always). From the first request handed over, the connection
+//! stays with hyper.
 //!
-//! An answer is written as hyper writes it (status line, the handler's headers,
-//! `content-length`, `date`) when it is plain: HTTP/1.1, a status that carries a body,
-//! no framing, connection or date header of its own, a body of known length. Any other
-//! answer is handed to hyper with its request and written there.
+//! An answer is written as hyper writes it (status line, the handler's headers, then
+//! `content-length` and `date` unless it states its own) when it is plain: HTTP/1.1, a
+//! status that carries a body, no framing or connection header, a body of known
+//! length. Any other answer is handed to hyper with its request and written there.
 
 use std::cell::RefCell;
 use std::io;
@@ -29,7 +30,7 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
-use super::connection::Signal;
+use super::signal::Signal;
 use super::{ConnectionInfo, Handler};
 use bloomgate_core::report::Chain;
 
@@ -247,6 +248,12 @@ async fn hand_over<B, T: AsyncWrite + Unpin>(
         tracing::debug!(listener, %peer, error = %Chain(&e), "answer not written");
         return None;
     }
+    // An empty buffer's room is let go: hyper reads into its own.
+    let read = if read.is_empty() {
+        BytesMut::new()
+    } else {
+        read
+    };
     Some(Handoff { read, answered })
 }
 

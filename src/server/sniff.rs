@@ -70,6 +70,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // Read back whole: its room is not kept for the connection's life.
+                self.prefix = BytesMut::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
