@@ -61,11 +61,12 @@ const MAX_HEADERS: usize = 32;
 /// Room the read buffer starts with, as hyper's.
 const READ_BUFFER: usize = 8192;
 
-/// A body that streams is written whenever this much of it waits in the buffer.
+/// A body that streams is written whenever this much of it waits in the buffer, and a
+/// piece of body larger than this is written from where it is, not copied.
 const FLUSH_AT: usize = 16 * 1024;
 
 /// An answer buffer grown past this is let go after its write, not kept for the next.
-const KEEP_WRITE_BUFFER: usize = 64 * 1024;
+const KEEP_WRITE_BUFFER: usize = 8192;
 
 /// Headers that change how a request is framed or how its connection behaves: a head
 /// with one of them goes to hyper.
@@ -401,9 +402,12 @@ enum Encoded<B> {
 /// A body of known length with some of it still to write.
 struct Rest<B> {
     body: B,
+    /// Bytes of the body still to write, `first` included.
     left: u64,
     /// Whether some of the body is in the buffer already.
     started: bool,
+    /// A first frame too large to copy into the buffer, to write before the rest.
+    first: Option<Bytes>,
 }
 
 /// Writes `resp` into `out` as hyper would, if it is plain: what of its body is ready
@@ -480,19 +484,32 @@ fn encode<B: Body<Data = Bytes> + Unpin>(mut resp: Response<B>, out: &mut Vec<u8
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    let written = first.as_ref().map_or(0, |b| b.len() as u64);
-    if let Some(data) = first {
-        out.extend_from_slice(&data);
-    }
-    match len.checked_sub(written) {
-        Some(0) => Encoded::Whole,
-        Some(left) => Encoded::Streaming(Rest {
-            body: resp.into_body(),
-            left,
-            started: written > 0,
-        }),
+    let got = first.as_ref().map_or(0, |b| b.len() as u64);
+    if got > len {
         // More than its length said: the connection cannot be framed any more.
-        None => Encoded::Failed,
+        return Encoded::Failed;
+    }
+    match first {
+        Some(large) if large.len() > FLUSH_AT => Encoded::Streaming(Rest {
+            body: resp.into_body(),
+            left: len,
+            started: false,
+            first: Some(large),
+        }),
+        first => {
+            if let Some(data) = first {
+                out.extend_from_slice(&data);
+            }
+            if got == len {
+                return Encoded::Whole;
+            }
+            Encoded::Streaming(Rest {
+                body: resp.into_body(),
+                left: len - got,
+                started: got > 0,
+                first: None,
+            })
+        }
     }
 }
 
@@ -511,7 +528,13 @@ where
         mut body,
         mut left,
         mut started,
+        first,
     } = rest;
+    if let Some(data) = first {
+        left -= data.len() as u64;
+        push(io, out, data).await?;
+        started = true;
+    }
     while left > 0 {
         // The body's error is dropped at once: it need not be `Send` to be held here.
         let at_once = Context::from_waker(std::task::Waker::noop());
@@ -537,12 +560,24 @@ where
             left = left
                 .checked_sub(data.len() as u64)
                 .ok_or_else(|| io::Error::other("the answer's body ran past its length"))?;
-            out.extend_from_slice(&data);
+            push(io, out, data).await?;
             started = true;
-            if out.len() > FLUSH_AT {
-                write_out(io, out).await?;
-            }
         }
+    }
+    Ok(())
+}
+
+/// Adds a piece of body to `out`; writes `out` once it holds more than [`FLUSH_AT`], and
+/// a piece larger than that from where it is, after what `out` holds.
+async fn push<T: AsyncWrite + Unpin>(io: &mut T, out: &mut Vec<u8>, data: Bytes) -> io::Result<()> {
+    if data.len() > FLUSH_AT {
+        write_out(io, out).await?;
+        io.write_all(&data).await?;
+        return io.flush().await;
+    }
+    out.extend_from_slice(&data);
+    if out.len() > FLUSH_AT {
+        write_out(io, out).await?;
     }
     Ok(())
 }

@@ -87,6 +87,7 @@ impl<const DIRECT: bool> Handler for Answers<DIRECT> {
             "/empty" => full(StatusCode::OK, ""),
             "/no-content" => full(StatusCode::NO_CONTENT, ""),
             "/teapot" => full(StatusCode::IM_A_TEAPOT, "short and stout"),
+            "/large" => full(StatusCode::OK, &"large, ".repeat(15_000)),
             "/odd-status" => full(StatusCode::from_u16(599).ok()?, "no reason"),
             "/close" => {
                 let mut resp = full(StatusCode::OK, "and goodbye");
@@ -121,6 +122,12 @@ async fn waited<B>(req: &Request<B>, gate: Option<oneshot::Receiver<Bytes>>) -> 
         "/later/pending" => Either::Right(Odd::pending("came later")),
         "/later/unknown-length" => Either::Right(Odd::unknown_length("of no stated length")),
         "/later/trickled" => Either::Right(Odd::trickled(&["one, ", "two, ", "three"])),
+        "/later/large-pieces" => Either::Right(Odd::trickled(&[
+            &LARGE_PIECE,
+            "small, ",
+            &LARGE_PIECE,
+            &LARGE_PIECE,
+        ])),
         "/later/gated" => Either::Right(Odd {
             gate: gate.map(|g| (g, GATED.len() as u64)),
             ..Odd::pieces(&["before the gate; "])
@@ -153,6 +160,10 @@ struct Odd {
     /// A last frame of the given length that comes when the test sends it.
     gate: Option<(oneshot::Receiver<Bytes>, u64)>,
 }
+
+/// A piece of body larger than the loop copies (`FLUSH_AT`), 32 KiB.
+static LARGE_PIECE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| "0123456789abcdef".repeat(2048));
 
 /// What the test sends through an answer's gate.
 const GATED: &str = "after the gate";
@@ -436,6 +447,7 @@ async fn every_kind_of_answer_is_written_as_hyper_writes_it() {
         "/now/empty",
         "/now/no-content",
         "/now/teapot",
+        "/now/large",
         "/now/odd-status",
         "/now/close",
         "/now/pending",
@@ -445,6 +457,7 @@ async fn every_kind_of_answer_is_written_as_hyper_writes_it() {
         "/later/pending",
         "/later/unknown-length",
         "/later/trickled",
+        "/later/large-pieces",
         "/later/dated",
         "/later/stated-length",
     ];
