@@ -9,11 +9,11 @@
 //! [`ConnectionInfo`] in its extensions. It knows nothing about what the handler does.
 //!
 //! This file holds the accept loop, the bound on open connections and draining at
-//! shutdown; `connection` serves one accepted connection, `direct` answers the plain
-//! HTTP/1.1 requests a handler answers at once before hyper, `long_target` is the 414 the
-//! server makes itself, `per_core` the thread-per-core serving, `signal` the closing signal a connection
-//! polls only when it fires, `sniff` the cleartext
-//! protocol detection, `tls` the TLS acceptor, `metrics` the connection counts.
+//! shutdown; `connection` serves one accepted connection, `direct` reads and answers
+//! plain HTTP/1.1 `GET`s before hyper, `long_target` is the 414 the server makes
+//! itself, `per_core` the thread-per-core serving, `signal` the closing signal a
+//! connection polls only when it fires, `sniff` the cleartext protocol detection, `tls`
+//! the TLS acceptor, `metrics` the connection counts.
 
 mod connection;
 mod direct;
@@ -50,9 +50,10 @@ pub trait Handler: Send + Sync + 'static {
         + Unpin
         + 'static;
 
-    /// Whether [`Handler::answer_now`] ever answers: an HTTP/1.1 connection to a handler
+    /// Whether this handler answers requests the server reads itself
+    /// ([`Handler::answer_now`], [`Handler::call_head`]): an HTTP/1.1 connection to one
     /// that does is read by the server's own loop first (see `direct`), which answers
-    /// those requests without hyper.
+    /// plain `GET`s without hyper's server.
     const ANSWERS_AT_ONCE: bool = false;
 
     /// Answers one request from `peer`.

@@ -171,20 +171,14 @@ const GATED: &str = "after the gate";
 impl Odd {
     fn pending(s: &'static str) -> Odd {
         Odd {
-            frames: vec![Bytes::from_static(s.as_bytes())],
             pending_once: true,
-            sized: true,
-            trickles: false,
-            gate: None,
+            ..Odd::pieces(&[s])
         }
     }
     fn unknown_length(s: &'static str) -> Odd {
         Odd {
-            frames: vec![Bytes::from_static(s.as_bytes())],
-            pending_once: false,
             sized: false,
-            trickles: false,
-            gate: None,
+            ..Odd::pieces(&[s])
         }
     }
     fn pieces(p: &[&'static str]) -> Odd {
@@ -660,7 +654,7 @@ async fn shutdown_closes_an_idle_connection_the_loop_holds() {
 fn decimal_writes_every_magnitude() {
     for n in [0u64, 7, 10, 99, 100, 12_345, u64::MAX] {
         let mut out = Vec::new();
-        super::decimal(n, &mut out);
+        super::answer::decimal(n, &mut out);
         assert_eq!(out, n.to_string().into_bytes());
     }
 }
