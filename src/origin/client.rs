@@ -1,13 +1,25 @@
 //! The pooled keep-alive HTTP client to the upstream API, shared by pass-through and by
 //! `upstream` origins. It sends requests and enforces the response-head timeout; it does
 //! not decide what to forward (see `passthrough` and `origin`).
+//!
+//! Two paths: a GET without a body (every origin fetch, and the plain GETs the data
+//! plane read itself) goes over bloomgate's own HTTP/1.1 connections (`conn`, `wire`),
+//! driven by the request's task; anything else goes through hyper's client.
+
+mod conn;
+mod wire;
 
 use std::error::Error as StdError;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, Uri};
+use http::{Method, Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::MapErr;
 use http_body_util::{BodyExt, Either, Empty, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -55,6 +67,9 @@ pub enum UpstreamError {
     /// Connecting or exchanging failed.
     #[error("upstream request failed")]
     Request(#[source] hyper_util::client::legacy::Error),
+    /// Connecting or exchanging failed on the own path, or its answer broke HTTP/1.1.
+    #[error("upstream request failed")]
+    Exchange(#[source] conn::ExchangeError),
     /// The configured URL and request path do not form a URI.
     #[error("cannot build the upstream URI")]
     Uri(#[from] http::Error),
@@ -68,11 +83,18 @@ pub enum UpstreamError {
 /// through a connection driven by another, a cross-thread hand-off each way; with a pool
 /// per thread, a passed-through request stays on the thread that accepted it, as its
 /// client connection does. The cost: up to `pool_max_idle` idle connections per thread.
+///
+/// The own path keeps its idle connections the same way, per thread, with the same
+/// limits; hyper's client keeps only those of the requests it carries.
 pub struct Upstream {
     /// Indexed by [`serving::thread`]; the last is for every other thread.
     clients: Box<[Client<HttpConnector, UpstreamBody>]>,
+    /// The own path's idle connections, indexed the same way.
+    pools: Arc<conn::Pools>,
     scheme: Scheme,
     authority: Authority,
+    /// The Host a request that has none is sent with (the port only if not 80).
+    host: String,
     timeout: Duration,
 }
 
@@ -96,10 +118,21 @@ impl Upstream {
                     .build(connector.clone())
             })
             .collect();
+        let authority = upstream.authority.clone();
+        let host = match authority.port_u16() {
+            Some(port) if port != 80 => format!("{}:{port}", authority.host()),
+            _ => authority.host().to_owned(),
+        };
         Upstream {
             clients,
+            pools: conn::Pools::new(
+                serving_threads + 1,
+                config.pool_max_idle,
+                config.pool_idle_timeout,
+            ),
             scheme: Scheme::HTTP,
-            authority: upstream.authority.clone(),
+            authority,
+            host,
             timeout: config.timeout,
         }
     }
@@ -134,24 +167,100 @@ impl Upstream {
         self.timeout
     }
 
-    /// The pool of the thread the caller runs on.
-    fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
+    /// The index of the pools of the thread the caller runs on.
+    fn home(&self) -> usize {
         let shared = self.clients.len() - 1;
-        let i = serving::thread().map_or(shared, |i| i.min(shared));
-        &self.clients[i]
+        serving::thread().map_or(shared, |i| i.min(shared))
     }
 
     /// Sends a request and waits (bounded) for the response head.
     pub async fn send(
         &self,
         req: Request<UpstreamBody>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.timeout, self.client().request(req)).await {
+    ) -> Result<Response<AnswerBody>, UpstreamError> {
+        let own = req.method() == Method::GET
+            && matches!(req.body(), Either::Left(_))
+            && !req.headers().contains_key(CONTENT_LENGTH)
+            && !req.headers().contains_key(TRANSFER_ENCODING);
+        if own {
+            return match tokio::time::timeout(self.timeout, self.send_own(req)).await {
+                Err(_) => Err(UpstreamError::Timeout(self.timeout)),
+                Ok(answer) => answer,
+            };
+        }
+        let client = &self.clients[self.home()];
+        match tokio::time::timeout(self.timeout, client.request(req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
-            Ok(Ok(resp)) => Ok(resp),
+            Ok(Ok(resp)) => Ok(resp.map(AnswerBody::Hyper)),
             Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(UpstreamError::BodyTooLarge),
             Ok(Err(e)) if caused_by::<ClientBodyError>(&e) => Err(UpstreamError::ClientBody(e)),
             Ok(Err(e)) => Err(UpstreamError::Request(e)),
+        }
+    }
+}
+
+impl Upstream {
+    /// A GET without a body over the own path: the head written as hyper's client
+    /// writes it (origin-form target, Host added when missing), the answer read as it
+    /// reads it.
+    async fn send_own(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<AnswerBody>, UpstreamError> {
+        let (parts, _) = req.into_parts();
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let mut head = Vec::with_capacity(128 + 64 * parts.headers.len());
+        wire::write_request(&mut head, &parts.method, target, &parts.headers, &self.host);
+        let (answer, body) = conn::exchange(&self.pools, self.home(), &self.authority, &head)
+            .await
+            .map_err(UpstreamError::Exchange)?;
+        let mut resp = Response::new(AnswerBody::Own(body));
+        *resp.status_mut() = answer.status;
+        *resp.version_mut() = answer.version;
+        *resp.headers_mut() = answer.headers;
+        if let Some(reason) = answer.reason
+            && let Ok(reason) = hyper::ext::ReasonPhrase::try_from(reason)
+        {
+            resp.extensions_mut().insert(reason);
+        }
+        Ok(resp)
+    }
+}
+
+/// The body of an upstream answer, from whichever path carried it.
+#[derive(Debug)]
+pub enum AnswerBody {
+    /// Read by hyper's client.
+    Hyper(Incoming),
+    /// Read on the own path.
+    Own(conn::AnswerBody),
+}
+
+impl Body for AnswerBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            AnswerBody::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            AnswerBody::Own(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AnswerBody::Hyper(body) => body.is_end_stream(),
+            AnswerBody::Own(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            AnswerBody::Hyper(body) => body.size_hint(),
+            AnswerBody::Own(body) => body.size_hint(),
         }
     }
 }
@@ -167,3 +276,6 @@ fn caused_by<T: StdError + 'static>(e: &(dyn StdError + 'static)) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,13 +6,13 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, ETAG, HeaderName, LAST_MODIFIED};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
+use crate::origin::client::AnswerBody;
 use crate::origin::http_cache;
 use crate::origin::{CachedResponse, Validators};
 
 /// Response bodies: a buffer we made, or the upstream's stream passed through.
-pub type ProxyBody = Either<Full<Bytes>, Incoming>;
+pub type ProxyBody = Either<Full<Bytes>, AnswerBody>;
 
 /// The header that tells clients and tests which stage answered.
 pub const X_BLOOMGATE: HeaderName = HeaderName::from_static("x-bloomgate");
