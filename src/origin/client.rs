@@ -16,6 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future;
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, Uri};
@@ -174,20 +175,32 @@ impl Upstream {
     }
 
     /// Sends a request and waits (bounded) for the response head.
-    pub async fn send(
+    ///
+    /// A plain function: a request for the own path is written out before the future
+    /// is made, so the future holds its bytes rather than the request.
+    pub fn send(
         &self,
         req: Request<UpstreamBody>,
-    ) -> Result<Response<AnswerBody>, UpstreamError> {
+    ) -> impl Future<Output = Result<Response<AnswerBody>, UpstreamError>> + Send + '_ {
         let own = req.method() == Method::GET
             && matches!(req.body(), Either::Left(_))
             && !req.headers().contains_key(CONTENT_LENGTH)
             && !req.headers().contains_key(TRANSFER_ENCODING);
         if own {
-            return match tokio::time::timeout(self.timeout, self.send_own(req)).await {
-                Err(_) => Err(UpstreamError::Timeout(self.timeout)),
-                Ok(answer) => answer,
-            };
+            let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+            let mut head = Vec::with_capacity(128 + 64 * req.headers().len());
+            wire::write_request(&mut head, req.method(), target, req.headers(), &self.host);
+            drop(req);
+            future::Either::Left(self.send_own(head))
+        } else {
+            future::Either::Right(self.send_hyper(req))
         }
+    }
+
+    async fn send_hyper(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<AnswerBody>, UpstreamError> {
         let client = &self.clients[self.home()];
         match tokio::time::timeout(self.timeout, client.request(req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
@@ -197,23 +210,16 @@ impl Upstream {
             Ok(Err(e)) => Err(UpstreamError::Request(e)),
         }
     }
-}
 
-impl Upstream {
-    /// A GET without a body over the own path: the head written as hyper's client
-    /// writes it (origin-form target, Host added when missing), the answer read as it
-    /// reads it.
-    async fn send_own(
-        &self,
-        req: Request<UpstreamBody>,
-    ) -> Result<Response<AnswerBody>, UpstreamError> {
-        let (parts, _) = req.into_parts();
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let mut head = Vec::with_capacity(128 + 64 * parts.headers.len());
-        wire::write_request(&mut head, &parts.method, target, &parts.headers, &self.host);
-        let (answer, body) = conn::exchange(&self.pools, self.home(), &self.authority, &head)
-            .await
-            .map_err(UpstreamError::Exchange)?;
+    /// A GET without a body over the own path, its head (written as hyper's client
+    /// writes it: origin-form target, Host added when missing) already in `head`; the
+    /// answer is read as hyper's client reads it.
+    async fn send_own(&self, head: Vec<u8>) -> Result<Response<AnswerBody>, UpstreamError> {
+        let exchange = conn::exchange(&self.pools, self.home(), &self.authority, &head);
+        let (answer, body) = match tokio::time::timeout(self.timeout, exchange).await {
+            Err(_) => return Err(UpstreamError::Timeout(self.timeout)),
+            Ok(answer) => answer.map_err(UpstreamError::Exchange)?,
+        };
         let mut resp = Response::new(AnswerBody::Own(body));
         *resp.status_mut() = answer.status;
         *resp.version_mut() = answer.version;
