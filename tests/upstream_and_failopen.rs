@@ -362,3 +362,121 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     );
     assert!(started.elapsed() >= Duration::from_millis(900));
 }
+
+/// An upstream that answers `/lure` with its answer and then a second, unasked answer,
+/// `/both` with a chunked body beside a Content-Length that does not describe it, and
+/// anything else honestly; every connection is kept open.
+async fn lying_upstream() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut piece = [0u8; 4096];
+                        match socket.read(&mut piece).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => read.extend_from_slice(&piece[..n]),
+                        }
+                    };
+                    let head: Vec<u8> = read.drain(..end).collect();
+                    let answer: &[u8] = if head.starts_with(b"GET /lure ")
+                        || head.starts_with(b"POST /lure ")
+                    {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nlure\
+                          HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\nsmuggled"
+                    } else if head.starts_with(b"GET /both ") || head.starts_with(b"POST /both ") {
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n\
+                          5\r\nhello\r\n0\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 15\r\n\r\n{\"honest\":true}"
+                    };
+                    if socket.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_an_upstream_sends_unasked_reach_no_client() {
+    let Some(server) = mysql_url() else { return };
+    let db = TestDb::create(&server, 10).await;
+    let upstream = lying_upstream().await;
+    let proxy = TestProxy::spawn_ready(&config(
+        &db.url,
+        &format!("http://{upstream}"),
+        10,
+        (TIMEOUT, TIMEOUT),
+    ))
+    .await;
+    for round in 0..4 {
+        let r = proxy.get("/lure").await;
+        assert_eq!((r.status.as_u16(), r.text()), (200, "lure".to_owned()));
+        // Whatever connection the next requests get, none is the answer nobody asked
+        // for: not a passed-through one, not an origin fetch.
+        let r = proxy.get("/anything/else").await;
+        assert_eq!(r.text(), r#"{"honest":true}"#, "round {round}");
+        let r = proxy
+            .get(&format!("/api/product/info?sku_id={}", demo_sku(round)))
+            .await;
+        assert_eq!(
+            (r.status.as_u16(), r.text()),
+            (200, r#"{"honest":true}"#.to_owned()),
+            "round {round}"
+        );
+    }
+    // The same through hyper's client, which carries requests with a body.
+    for round in 0..4 {
+        let client = proxy.client();
+        let post = |path: &str| {
+            let url = format!("http://{}{path}", proxy.data);
+            async move {
+                client
+                    .send(Method::POST, &url, &[("content-length", "0")], Bytes::new())
+                    .await
+            }
+        };
+        assert_eq!(post("/lure").await.text(), "lure");
+        assert_eq!(
+            post("/x").await.text(),
+            r#"{"honest":true}"#,
+            "round {round}"
+        );
+        let r = proxy.get("/anything/else").await;
+        assert_eq!(r.text(), r#"{"honest":true}"#, "round {round}");
+    }
+    // Framed by its Transfer-Encoding, passed on without the Content-Length beside it.
+    let r = proxy.get("/both").await;
+    assert_eq!((r.status.as_u16(), r.text()), (200, "hello".to_owned()));
+    assert!(
+        r.headers
+            .get("content-length")
+            .is_none_or(|v| v.as_bytes() == b"5"),
+        "{:?}",
+        r.headers
+    );
+    // The same answer to a request hyper's client carries (one with a body).
+    let r = proxy
+        .client()
+        .send(
+            Method::POST,
+            &format!("http://{}/both", proxy.data),
+            &[("content-length", "0")],
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), r.text()), (200, "hello".to_owned()));
+    let r = proxy.get("/anything/else").await;
+    assert_eq!(r.text(), r#"{"honest":true}"#);
+}

@@ -100,6 +100,12 @@ async fn forward_inner(
     let upstream_req = Request::from_parts(parts, body);
     let resp = upstream.send(upstream_req).await?;
     let (mut parts, body) = resp.into_parts();
+    if parts.headers.contains_key(TRANSFER_ENCODING) {
+        // The body is framed by its Transfer-Encoding; a Content-Length beside it does
+        // not describe it and must not be passed on (RFC 9112 §6.3). hyper's client
+        // keeps it; the own client has dropped it already.
+        parts.headers.remove(CONTENT_LENGTH);
+    }
     strip_hop_by_hop(&mut parts.headers);
     parts
         .headers
