@@ -253,7 +253,9 @@ enum Found {
 
 impl AnswerBody {
     fn new(mut conn: Conn, head: &Head, pools: Arc<Pools>, home: usize) -> AnswerBody {
-        let back_to = head.keep_alive.then_some((pools, home));
+        // A body that ends at the close leaves nothing to reuse.
+        let reusable = head.keep_alive && head.framing != Framing::Close;
+        let back_to = reusable.then_some((pools, home));
         let decode = match head.framing {
             Framing::Length(n) if n <= conn.buf.len() as u64 => {
                 let data = conn.buf.split_to(n as usize).freeze();
@@ -264,10 +266,6 @@ impl AnswerBody {
             Framing::Length(n) => Decode::Length(n),
             Framing::Chunked => Decode::Chunked(Chunked::default()),
             Framing::Close => Decode::Close,
-        };
-        let back_to = match decode {
-            Decode::Close => None,
-            _ => back_to,
         };
         AnswerBody {
             state: State::Reading {

@@ -32,6 +32,16 @@ struct Script {
 }
 
 impl Script {
+    /// `bytes` cut at `cuts`, then the connection closed.
+    fn closing(bytes: &[u8], cuts: Vec<usize>) -> Script {
+        Script {
+            bytes: bytes.to_vec(),
+            cuts,
+            close: true,
+            gate: None,
+        }
+    }
+
     fn keep(bytes: &[u8]) -> Script {
         Script {
             bytes: bytes.to_vec(),
@@ -285,12 +295,7 @@ fn as_own_reads_it(mut seen: Seen) -> Seen {
 }
 
 async fn assert_same(bytes: &[u8], cuts: Vec<usize>) {
-    let script = Script {
-        bytes: bytes.to_vec(),
-        cuts,
-        close: true,
-        gate: None,
-    };
+    let script = Script::closing(bytes, cuts);
     let ((own, own_heads), (hyper, hyper_heads)) = both(script).await;
     assert!(
         own_heads == hyper_heads,
@@ -358,13 +363,7 @@ async fn a_head_past_the_limit_is_refused_by_both() {
         bytes.extend_from_slice(b"x-filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
     }
     bytes.extend_from_slice(b"content-length: 0\r\n\r\n");
-    let ((own, _), (hyper, _)) = both(Script {
-        bytes,
-        cuts: Vec::new(),
-        close: true,
-        gate: None,
-    })
-    .await;
+    let ((own, _), (hyper, _)) = both(Script::closing(&bytes, Vec::new())).await;
     assert_eq!(own, Seen::Refused);
     assert_eq!(hyper, Seen::Refused);
 }

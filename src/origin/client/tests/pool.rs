@@ -80,16 +80,7 @@ async fn bytes_after_an_answer_never_reach_the_next_request() {
 
 #[tokio::test]
 async fn an_idle_connection_the_upstream_closed_is_not_used() {
-    let raw = Raw::start(vec![
-        Script {
-            bytes: OK.to_vec(),
-            cuts: Vec::new(),
-            close: true,
-            gate: None,
-        },
-        Script::keep(OK),
-    ])
-    .await;
+    let raw = Raw::start(vec![Script::closing(OK, Vec::new()), Script::keep(OK)]).await;
     let upstream = upstream_at(raw.addr, 8, Duration::from_secs(30));
     assert_eq!(&body_of(&upstream, "/first").await[..], b"ok");
     assert!(raw.until_ended(1).await, "the upstream closed the first");
